@@ -1,0 +1,212 @@
+"""Typed run configuration: one YAML per run, validated at load, dotted CLI overrides.
+
+Every section is a pydantic model with `extra="forbid"`, so a misspelled key fails at load
+with the key's dotted path instead of being silently ignored.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+DEFAULT_MODEL = "default"  # resolved by rl.default_model to the converted SmolLM2-135M folder
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    path: str = Field(DEFAULT_MODEL, description="HF folder, or 'default' for SmolLM2-135M-Instruct")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    tool_call_parser: Literal["hermes", "qwen3_xml"] = "hermes"
+
+
+class RolloutConfig(Section):
+    num_workers: int = Field(1, ge=1)
+    num_gpus: float = Field(0.0, ge=0, description="GPU fraction per worker (0 on CPU)")
+    num_cpus: float = Field(1.0, gt=0, description="always explicit: a GPU-only actor still reserves 1 CPU")
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    max_model_len: int = Field(2048, ge=128)
+    enforce_eager: bool = True
+    sleep_level: Literal[0, 1, 2] = 1  # 0 = never sleep; on CPU sleep is a logged no-op
+    cpu_kvcache_gib: int = Field(1, ge=1)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(256, ge=1, description="per model call; clamped to the context left")
+    seed: int = 0
+
+
+class LearnerConfig(Section):
+    num_learners: int = Field(1, ge=1, description=">1: data-parallel group, gradients all-reduced")
+    num_gpus: float = Field(0.0, ge=0)
+    num_cpus: float = Field(1.0, gt=0)
+    lora_rank: int = Field(16, ge=1)
+    lora_alpha: int = Field(32, ge=1)
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    lora_target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    lr: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    loss_impl: Literal["chunked", "naive"] = "chunked"
+    logit_chunk_tokens: int = Field(1024, ge=16, description="tokens per LM-head chunk in the fused loss")
+    micro_batch_tokens: int = Field(4096, ge=16, description="token budget of one forward/backward")
+    clip_eps_low: float = Field(0.2, ge=0)
+    clip_eps_high: float = Field(0.28, ge=0)
+    beta: float = Field(0.0, ge=0, description="KL coefficient; 0 = no reference model")
+    gradient_checkpointing: bool = True
+    activation_offload: bool = False
+    torch_threads: int = Field(1, ge=1)
+
+
+class SyncConfig(Section):
+    strategy: Literal["lora", "merged"] = "lora"
+    parity_threshold: float = Field(0.05, gt=0, description="max mean |learner - served| log-prob gap")
+    parity_text: str = "The quick brown fox jumps over the lazy dog. def add(a, b): return a + b"
+
+
+class TaskConfig(Section):
+    kind: Literal["length", "coding"] = "coding"
+    # length reward (loop-closure gate): prompts sampled from a fixed list, reward pushes shorter answers
+    length_target_tokens: int = Field(0, ge=0)
+    tasks_file: str | None = None  # coding: JSONL written by `rlvr tasks mine`
+    library: str = "toolz"
+    train_fraction: float = Field(0.8, gt=0, lt=1)
+    max_tasks: int | None = Field(None, ge=1)
+
+
+class EnvConfig(Section):
+    num_env_actors: int = Field(1, ge=1)
+    num_cpus: float = Field(0.5, gt=0)
+    pool_size: int = Field(4, ge=1)
+    command_timeout_s: float = Field(30.0, gt=0)
+    verify_timeout_s: float = Field(120.0, gt=0)
+    memory_mib: int = Field(2048, ge=64)
+    max_processes: int = Field(64, ge=4)
+    max_file_mib: int = Field(64, ge=1)
+    max_output_chars: int = Field(50_000, ge=100)
+
+
+class ScaffoldConfig(Section):
+    name: Literal["native", "pi"] = "native"
+    max_turns: int = Field(8, ge=1)
+    max_episode_tokens: int = Field(4096, ge=64)
+    wall_clock_s: float = Field(300.0, gt=0)
+
+
+class TrainerConfig(Section):
+    steps: int = Field(10, ge=1)
+    batch_size: int = Field(4, ge=1, description="prompts (tasks) per step")
+    group_size: int = Field(4, ge=2, description="G samples per prompt for group-relative advantages")
+    seed: int = 0
+    checkpoint_every: int = Field(1, ge=1)
+    run_dir: str = "runs/default"
+    skip_sync: bool = False  # test hook: deliberately skip the weight sync (parity probe must catch it)
+
+
+class RayConfig(Section):
+    address: str | None = None  # None: embedded ray.init(); "auto" under `ray job submit`
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK"] = "PACK"
+    expandable_segments: bool = False
+
+
+class EvalConfig(Section):
+    k: int = Field(3, ge=1)
+    scaffold: Literal["native", "pi"] = "pi"
+    out_dir: str = "runs/eval"
+    max_tasks: int | None = Field(None, ge=1)
+
+
+class RunConfig(Section):
+    model: ModelConfig = ModelConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    learner: LearnerConfig = LearnerConfig()
+    sync: SyncConfig = SyncConfig()
+    task: TaskConfig = TaskConfig()
+    env: EnvConfig = EnvConfig()
+    scaffold: ScaffoldConfig = ScaffoldConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    ray: RayConfig = RayConfig()
+    eval: EvalConfig = EvalConfig()
+
+    @model_validator(mode="after")
+    def _known_bad_combinations(self) -> "RunConfig":
+        if self.learner.loss_impl == "chunked" and "lm_head" in self.learner.lora_target_modules:
+            raise ValueError(
+                "learner.lora_target_modules contains 'lm_head', but learner.loss_impl='chunked' "
+                "needs the plain LM-head weight for the fused-linear loss; remove 'lm_head' "
+                "or set learner.loss_impl=naive")
+        if self.ray.expandable_segments and self.rollout.sleep_level > 0:
+            raise ValueError(
+                "ray.expandable_segments=true collides with vLLM sleep mode (allocator error in "
+                "backward on long sequences); set ray.expandable_segments=false or rollout.sleep_level=0")
+        if self.rollout.max_tokens >= self.rollout.max_model_len:
+            raise ValueError(
+                f"rollout.max_tokens={self.rollout.max_tokens} leaves no room for a prompt in "
+                f"rollout.max_model_len={self.rollout.max_model_len}; lower max_tokens or raise max_model_len")
+        if self.scaffold.max_episode_tokens > self.rollout.max_model_len:
+            raise ValueError(
+                f"scaffold.max_episode_tokens={self.scaffold.max_episode_tokens} is larger than the "
+                f"context rollout.max_model_len={self.rollout.max_model_len}; lower it or raise max_model_len")
+        return self
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names the key and the fix."""
+
+
+def _parse_scalar(text: str) -> Any:
+    return yaml.safe_load(text) if text != "" else ""
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not KEY=VALUE (e.g. trainer.steps=20)")
+        key, value = item.split("=", 1)
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {key!r}: {part!r} is not a section")
+        node[parts[-1]] = _parse_scalar(value)
+    return data
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config ({source}):"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {key}: unknown key (check the spelling; see rl/config.py for the valid keys)")
+        else:
+            lines.append(f"  {key}: {e['msg']} (got {e.get('input')!r})")
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    data: dict = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config {path} is not valid YAML: {e}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config {path} must be a mapping of sections, got {type(loaded).__name__}")
+        data = loaded or {}
+    data = apply_overrides(data, overrides or [])
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e, source)) from None
+
+
+def dump_config(cfg: RunConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
