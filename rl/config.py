@@ -36,7 +36,15 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int = Field(256, ge=1, description="per model call; clamped to the context left")
-    seed: int = 0
+    seed: int = Field(0, description="engine RNG seed; a client's per-request seed is ignored")
+    max_num_seqs: int = Field(16, ge=1, description="sequences the engine batches at once")
+    enable_prefix_caching: bool = True
+    server_host: str = Field("127.0.0.1", description="policy server bind address; 0.0.0.0 to serve other nodes")
+    server_port: int = Field(0, ge=0, le=65535, description="0 = any free port")
+    tool_choice: Literal["client", "auto", "required"] = Field(
+        "client", description="'client' honours each request's tool_choice; else forced on every request with tools")
+    tool_strict_level: Literal["auto", "function", "parameter"] = Field(
+        "auto", description="vLLM structural-tag floor for tool calls (guided decoding)")
 
 
 class LearnerConfig(Section):
@@ -57,8 +65,16 @@ class LearnerConfig(Section):
     clip_eps_high: float = Field(0.28, ge=0)
     beta: float = Field(0.0, ge=0, description="KL coefficient; 0 = no reference model")
     gradient_checkpointing: bool = True
-    activation_offload: bool = False
+    activation_offload: bool = Field(False, description="keep checkpointed layer inputs in host memory (needs gradient_checkpointing)")
+    mlp_tile_tokens: int = Field(0, ge=0, description="run decoder MLPs in sequence tiles of this many tokens; 0 = off")
     torch_threads: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _offload_needs_checkpointing(self) -> "LearnerConfig":
+        if self.activation_offload and not self.gradient_checkpointing:
+            raise ValueError("learner.activation_offload=true offloads the checkpointed layer inputs; "
+                             "set learner.gradient_checkpointing=true or activation_offload=false")
+        return self
 
 
 class SyncConfig(Section):
@@ -87,6 +103,10 @@ class EnvConfig(Section):
     max_processes: int = Field(64, ge=4)
     max_file_mib: int = Field(64, ge=1)
     max_output_chars: int = Field(50_000, ge=100)
+    disk_mib: int = Field(512, ge=16, description="size-limited tmpfs per checkout (its disk quota)")
+    test_timeout_s: float = Field(10.0, gt=0, description="per-test timeout while verifying")
+    sandbox_uid_base: int = Field(61000, ge=1000, description="episode slot i runs as uid base+i")
+    work_root: str = Field("/tmp/agentic-rlvr-work", description="checkouts live here; must not be under /root")
 
 
 class ScaffoldConfig(Section):

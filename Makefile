@@ -1,0 +1,21 @@
+# The two commands a fresh machine needs (README): `make train` and `make test`.
+# Both install what is missing first (scripts/setup.sh is idempotent).
+PY := .venv/bin/python
+export OMP_NUM_THREADS ?= 1
+export RAY_AUTH_MODE ?= disabled
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: setup train test test-heavy bench
+
+setup:
+	bash scripts/setup.sh
+
+train: setup
+	.venv/bin/rlvr train configs/default.yaml $(ARGS)
+
+test: setup
+	$(PY) -m pytest -m "not heavy" $(ARGS)
+
+test-heavy: setup
+	$(PY) -m pytest -m heavy $(ARGS)

@@ -1,0 +1,346 @@
+"""The Learner: base model + PEFT LoRA, AdamW, one GRPO optimizer step per call.
+
+A plain class; the driver wraps it with `ray.remote(Learner)`. The loss goes through the
+chunked fused-linear log-prob (rl.fused_logprob), so the [tokens, vocab] logits are never
+materialized. In a data-parallel group (world_size > 1) every rank holds the same LoRA,
+trains on its share of the batch, and gradients are all-reduced before the step; token
+counts are all-reduced first so the loss is normalized by the whole batch's tokens.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from rl.config import LearnerConfig, ModelConfig
+from rl.fused_logprob import chunked_target_logprobs, naive_target_logprobs
+from rl.grpo import grpo_token_loss
+from rl.learner_memory import peak_memory_gib, reset_peak_memory, tile_mlps
+from rl.types import TrainSample
+
+ADAPTER_NAME = "default"
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def pick_device() -> torch.device:
+    """A real CUDA device if torch sees one (a logical Ray GPU on a CPU box is not one)."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def pick_dtype(model_cfg: ModelConfig, device: torch.device) -> torch.dtype:
+    if model_cfg.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, model_cfg.dtype)
+
+
+def _micro_batches(samples: list[TrainSample], budget: int) -> list[list[TrainSample]]:
+    """Greedy packing in order: padded size (count x longest) stays within the token budget.
+
+    A sample longer than the budget gets a micro-batch of its own.
+    """
+    batches: list[list[TrainSample]] = []
+    current: list[TrainSample] = []
+    longest = 0
+    for s in samples:
+        n = len(s.token_ids)
+        if current and max(longest, n) * (len(current) + 1) > budget:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(s)
+        longest = max(longest, n)
+    if current:
+        batches.append(current)
+    return batches
+
+
+class Learner:
+    def __init__(self, model_path: str, cfg: LearnerConfig, model_cfg: ModelConfig, seed: int,
+                 rank: int = 0, world_size: int = 1, dist_addr: str | None = None,
+                 *, base_model: torch.nn.Module | None = None):
+        """base_model: an already-built HF causal LM (benchmarks with random weights); else loaded from model_path."""
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(cfg.torch_threads)
+        self.cfg, self.model_cfg = cfg, model_cfg
+        self.model_path = model_path
+        self.rank, self.world_size = rank, world_size
+        self.device = pick_device()
+        self.dtype = pick_dtype(model_cfg, self.device)
+        self.steps_done = 0
+        if world_size > 1:
+            if not dist_addr:
+                raise ValueError("world_size > 1 needs dist_addr='host:port' for torch.distributed rendezvous")
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, init_method=f"tcp://{dist_addr}", rank=rank, world_size=world_size)
+
+        random.seed(seed)
+        torch.manual_seed(seed)  # same seed on every rank: identical LoRA init
+        if base_model is None:
+            base_model = AutoModelForCausalLM.from_pretrained(
+                model_path, dtype=self.dtype, low_cpu_mem_usage=True,
+                device_map={"": self.device} if self.device.type == "cuda" else None)
+        base_model.to(self.device)
+        base_model.config.use_cache = False
+        targets = cfg.lora_target_modules
+        lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                          target_modules="all-linear" if targets == ["all-linear"] else list(targets),
+                          task_type="CAUSAL_LM")
+        self.model = get_peft_model(base_model, lora)
+        base = self.model.get_base_model()
+        self.decoder = base.model  # the transformer body: hidden states, no LM head
+        self.lm_head = base.get_output_embeddings()
+        if any(p.requires_grad for p in self.lm_head.parameters()):
+            raise ValueError("the LM head is trainable, but the fused loss treats it as frozen; "
+                             "remove 'lm_head' from learner.lora_target_modules")
+        if cfg.gradient_checkpointing:
+            # activation offload needs the reentrant form: it saves the layer inputs through
+            # save_for_backward, which save_on_cpu can intercept
+            self.model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": cfg.activation_offload})
+            if cfg.activation_offload:
+                self.model.enable_input_require_grads()
+        elif cfg.activation_offload:
+            raise ValueError("learner.activation_offload=true needs learner.gradient_checkpointing=true")
+        if cfg.mlp_tile_tokens > 0:
+            tile_mlps(self.decoder, cfg.mlp_tile_tokens)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        if world_size > 1:
+            for p in self.params:
+                dist.broadcast(p.data, src=0)
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.model.train()
+
+    # ---- model pieces -------------------------------------------------------------------
+
+    def num_trainable_params(self) -> int:
+        return sum(p.numel() for p in self.params)
+
+    def _hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        offload = self.cfg.activation_offload and torch.is_grad_enabled()
+        ctx = (torch.autograd.graph.save_on_cpu(pin_memory=self.device.type == "cuda")
+               if offload else contextlib.nullcontext())
+        with ctx:
+            out = self.decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        return out.last_hidden_state
+
+    def _target_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if self.cfg.loss_impl == "naive":
+            return naive_target_logprobs(hidden, self.lm_head.weight, targets)
+        return chunked_target_logprobs(hidden, self.lm_head.weight, targets, self.cfg.logit_chunk_tokens)
+
+    def _check(self, samples: list[TrainSample]) -> None:
+        vocab = self.lm_head.weight.shape[0]
+        for i, s in enumerate(samples):
+            if len(s.token_ids) < 2:
+                raise ValueError(f"sample {i} has {len(s.token_ids)} tokens; a trained sequence needs >= 2")
+            lo, hi = min(s.token_ids), max(s.token_ids)
+            if lo < 0 or hi >= vocab:
+                raise ValueError(f"sample {i} has token ids outside the vocabulary [0, {vocab}): min {lo}, max {hi}")
+            if any(m not in (0, 1) for m in s.loss_mask):
+                raise ValueError(f"sample {i}: loss_mask must hold only 0/1")
+
+    def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world_size > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    # ---- training -----------------------------------------------------------------------
+
+    def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
+        """One optimizer step over all samples; loss = sum over trained tokens / their count."""
+        self._check(samples)
+        start = time.perf_counter()
+        reset_peak_memory(self.device)
+        cfg = self.cfg
+        local_tokens = sum(sum(s.loss_mask) for s in samples)
+        total_tokens = int(self._all_reduce(torch.tensor([float(local_tokens)], device=self.device)).item())
+        if total_tokens == 0:
+            raise ValueError("train_step got no trained tokens (every loss_mask is all zeros)")
+        self.optimizer.zero_grad(set_to_none=False)
+        # fp32 sums: loss, clipped tokens, ratio, kl
+        stats = torch.zeros(4, dtype=torch.float64, device=self.device)
+        for batch in _micro_batches([s for s in samples if sum(s.loss_mask)], cfg.micro_batch_tokens):
+            stats += self._micro_step(batch, total_tokens)
+        self._all_reduce(stats)
+        grads = [p.grad for p in self.params]
+        if self.world_size > 1:
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
+        if not torch.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=False)
+            raise FloatingPointError(f"non-finite gradient norm {grad_norm.item()}; step skipped, weights unchanged")
+        self.optimizer.step()
+        self.steps_done += 1
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        out = {
+            "loss": stats[0].item() / total_tokens,
+            "grad_norm": float(grad_norm),
+            "clip_frac": stats[1].item() / total_tokens,
+            "ratio_mean": stats[2].item() / total_tokens,
+            "tokens": float(total_tokens),
+            "seconds": time.perf_counter() - start,
+            "peak_mem_gib": peak_memory_gib(self.device),
+        }
+        if cfg.beta > 0:
+            out["kl"] = stats[3].item() / total_tokens
+        return out
+
+    def _micro_step(self, batch: list[TrainSample], total_tokens: int) -> torch.Tensor:
+        cfg = self.cfg
+        length = max(len(s.token_ids) for s in batch)
+        ids = torch.zeros(len(batch), length, dtype=torch.long)
+        attn = torch.zeros(len(batch), length, dtype=torch.long)
+        mask = torch.zeros(len(batch), length, dtype=torch.bool)
+        old = torch.zeros(len(batch), length, dtype=torch.float32)
+        adv = torch.zeros(len(batch), length, dtype=torch.float32)
+        for b, s in enumerate(batch):
+            n = len(s.token_ids)
+            ids[b, :n] = torch.tensor(s.token_ids)
+            attn[b, :n] = 1
+            mask[b, :n] = torch.tensor(s.loss_mask, dtype=torch.bool)
+            old[b, :n] = torch.tensor(s.logprobs, dtype=torch.float32)
+            adv[b, :n] = s.advantage
+        ids, attn = ids.to(self.device), attn.to(self.device)
+        sel = mask[:, 1:].to(self.device)  # target i is predicted from position i-1
+        targets = ids[:, 1:][sel]
+        ref_logp = None
+        if cfg.beta > 0:
+            with torch.no_grad(), self.model.disable_adapter():
+                ref_hidden = self._hidden(ids, attn if len(batch) > 1 else None)[:, :-1][sel]
+                ref_logp = self._target_logprobs(ref_hidden, targets)
+                del ref_hidden
+        hidden = self._hidden(ids, attn if len(batch) > 1 else None)[:, :-1][sel]
+        logp = self._target_logprobs(hidden, targets)
+        tl = grpo_token_loss(logp, old[:, 1:][mask[:, 1:]], adv[:, 1:][mask[:, 1:]],
+                             cfg.clip_eps_low, cfg.clip_eps_high, cfg.beta, ref_logp)
+        (tl.loss.sum() / total_tokens).backward()
+        kl_sum = tl.kl.sum() if tl.kl is not None else torch.zeros((), device=self.device)
+        return torch.stack([tl.loss.detach().sum(), tl.clipped.sum(), tl.ratio.sum(), kl_sum]).double()
+
+    @torch.no_grad()
+    def sequence_logprobs(self, token_ids: list[int]) -> list[float]:
+        """log p(token_i | prefix) under the current policy; 0.0 at index 0 (no prefix)."""
+        if len(token_ids) < 2:
+            raise ValueError(f"sequence_logprobs needs >= 2 tokens, got {len(token_ids)}")
+        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
+        self.model.eval()
+        try:
+            hidden = self._hidden(ids, None)[0, :-1]
+            logp = chunked_target_logprobs(hidden, self.lm_head.weight, ids[0, 1:], self.cfg.logit_chunk_tokens)
+        finally:
+            self.model.train()
+        return [0.0] + logp.tolist()
+
+    def lora_state(self) -> dict[str, torch.Tensor]:
+        """CPU copies of the trainable weights (replica agreement checks)."""
+        return {n: p.detach().to("cpu", copy=True) for n, p in self.model.named_parameters() if p.requires_grad}
+
+    # ---- saving -------------------------------------------------------------------------
+
+    def save_adapter(self, path: str) -> str:
+        """PEFT adapter folder (adapter_config.json + adapter_model.safetensors) for vLLM's LoRA loader."""
+        Path(path).mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path, selected_adapters=[ADAPTER_NAME])
+        return str(path)
+
+    def merged_state_dict(self) -> dict[str, torch.Tensor]:
+        """Base weights with W + scale*B@A folded in, under the base model's own key names."""
+        from peft.tuners.lora import LoraLayer
+
+        base = self.model.get_base_model()
+        deltas = {name: m.get_delta_weight(ADAPTER_NAME) for name, m in base.named_modules()
+                  if isinstance(m, LoraLayer) and ADAPTER_NAME in m.lora_A}
+        merged: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            for key, tensor in base.state_dict().items():
+                if "lora_" in key:
+                    continue
+                clean = key.replace(".base_layer.", ".")
+                module = clean.rsplit(".", 1)[0]
+                if clean.endswith(".weight") and module in deltas:
+                    tensor = tensor + deltas[module].to(tensor.dtype)
+                merged[clean] = tensor
+        return merged
+
+    def save_merged(self, path: str) -> str:
+        """Merged full model (safetensors + config + tokenizer files) loadable by vLLM or from_pretrained."""
+        from safetensors.torch import save_file
+
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        base = self.model.get_base_model()
+        state = self.merged_state_dict()
+        if getattr(base.config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)
+        seen: set[int] = set()
+        tensors = {}
+        for k, v in state.items():
+            v = v.detach().to("cpu").contiguous()
+            if v.data_ptr() in seen:
+                v = v.clone()
+            seen.add(v.data_ptr())
+            tensors[k] = v
+        tmp = out / "model.safetensors.tmp"
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+        os.replace(tmp, out / "model.safetensors")
+        base.config.save_pretrained(out)
+        if self.model_path and Path(self.model_path).is_dir():
+            for f in Path(self.model_path).iterdir():
+                if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES) and f.name != "config.json" \
+                        and not f.name.endswith(".index.json"):
+                    shutil.copy2(f, out / f.name)
+        return str(out)
+
+    def save_state(self, path: str) -> None:
+        """LoRA weights + optimizer + RNG + step count: enough to resume bit-for-bit."""
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        self.save_adapter(str(out / "adapter"))
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        torch.save({"optimizer": self.optimizer.state_dict(), "rng": rng, "steps_done": self.steps_done},
+                   out / "trainer_state.pt")
+        (out / "learner.json").write_text(json.dumps({"steps_done": self.steps_done,
+                                                      "trainable_params": self.num_trainable_params()}))
+
+    def load_state(self, path: str) -> None:
+        from peft.utils import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        src = Path(path)
+        adapter_file = src / "adapter" / "adapter_model.safetensors"
+        state_file = src / "trainer_state.pt"
+        for f in (adapter_file, state_file):
+            if not f.is_file():
+                raise FileNotFoundError(f"learner state {path} is incomplete: missing {f}")
+        result = set_peft_model_state_dict(self.model, load_file(str(adapter_file), device=str(self.device)),
+                                           adapter_name=ADAPTER_NAME)
+        unexpected = getattr(result, "unexpected_keys", [])
+        if unexpected:
+            raise ValueError(f"adapter in {path} does not fit this model: unexpected keys {unexpected[:5]}")
+        state = torch.load(state_file, map_location=self.device, weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"]["torch"].cpu())
+        random.setstate(state["rng"]["python"])
+        if "cuda" in state["rng"] and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["rng"]["cuda"].cpu(), self.device)
+        self.steps_done = int(state["steps_done"])
+
+    def shutdown(self) -> None:
+        if self.world_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,87 @@
+"""Tool-call glue over vLLM's own serving-layer parser (`vllm.parser.ParserManager`).
+
+vLLM's unified `Parser` does three things the policy server needs, exactly as `vllm serve
+--enable-auto-tool-choice --tool-call-parser NAME` would: constrain `tool_choice`
+"required"/named with structural tags (guided decoding), stream content and tool-call
+deltas, and parse a finished output. This module only adapts requests and results.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.parser import ParserManager
+from vllm.parser.abstract_parser import Parser
+from vllm.renderers.chat_utils import make_tool_call_id
+
+SUPPORTED = ("hermes", "qwen3_xml")
+
+
+class ToolCallFormat:
+    """The model's tool-call syntax: one vLLM Parser class, one instance per response choice."""
+
+    def __init__(self, tokenizer, name: str, strict_level: str = "auto") -> None:
+        if name not in SUPPORTED:
+            raise ValueError(f"model.tool_call_parser={name!r} is not supported; use one of {SUPPORTED}")
+        self.name = name
+        self.tokenizer = tokenizer
+        self.parser_cls = ParserManager.get_parser(tool_parser_name=name, enable_auto_tools=True,
+                                                   tool_strict_level=strict_level, tokenizer=tokenizer)
+
+    def parser(self, request: ChatCompletionRequest) -> Parser | None:
+        """A fresh parser (streaming state is per choice); None when the request has no tools."""
+        if not request.tools:
+            return None
+        return self.parser_cls(self.tokenizer, request.tools)
+
+    def adjust(self, request: ChatCompletionRequest) -> ChatCompletionRequest:
+        """Attach vLLM's guided decoding for tool_choice 'required'/named (and strict tools)."""
+        parser = self.parser(request)
+        return request if parser is None else parser.adjust_request(request)
+
+    def parse(self, request: ChatCompletionRequest, text: str, token_ids: list[int]) -> tuple[str | None, list[dict]]:
+        """Final (content, OpenAI tool_calls) of one finished output."""
+        parser = self.parser(request)
+        if parser is None:
+            return text, []
+        _, content, calls = parser.parse(text, request, enable_auto_tools=True, model_output_token_ids=token_ids)
+        return content, [openai_tool_call(c.name, c.arguments, c.id) for c in calls or []]
+
+
+def openai_tool_call(name: str, arguments: str, call_id: str | None = None) -> dict:
+    return {"id": call_id or make_tool_call_id(), "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+def template_messages(request: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """Messages as chat templates expect them: tool-call arguments as objects, not JSON text.
+
+    vLLM's renderer does the same; templates like Qwen3.5's iterate the arguments mapping.
+    """
+    out = []
+    for msg in request.messages:
+        m = dict(msg)
+        if m.get("tool_calls"):
+            calls = []
+            for tc in m["tool_calls"]:
+                tc = dict(tc)
+                fn = dict(tc.get("function") or {})
+                if isinstance(fn.get("arguments"), str):
+                    try:
+                        parsed = json.loads(fn["arguments"])
+                    except json.JSONDecodeError:
+                        parsed = None
+                    if isinstance(parsed, dict):
+                        fn["arguments"] = parsed
+                tc["function"] = fn
+                calls.append(tc)
+            m["tool_calls"] = calls
+        out.append(m)
+    return out
+
+
+def template_tools(request: ChatCompletionRequest) -> list[dict] | None:
+    if not request.tools:
+        return None
+    return [t.model_dump(exclude_none=True) for t in request.tools]

@@ -1,0 +1,323 @@
+"""Run untrusted commands confined: no network, one writable directory, an unprivileged uid,
+rlimits and a wall clock, and nothing left running afterwards.
+
+The recipe (measured to hold on this project's machines): the host process is root; it drops
+to an unprivileged uid with `setpriv`, applies rlimits with `prlimit`, then `bwrap` builds
+a fresh mount/pid/net/ipc/uts/user namespace with read-only system directories, the
+world-readable sandbox Python, a private /tmp and a read-write bind of the checkout.
+bwrap started as root is escapable (it can remount read-write), hence the uid drop first.
+Killing bwrap (SIGKILL to its process group) takes down the sandbox's pid 1, and the
+kernel then kills every process left in the pid namespace, even ones that called setsid.
+"""
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+INSIDE_REPO = "/repo"           # where the checkout appears inside the sandbox
+INSIDE_TMP = "/tmp"
+_MIB = 1024 * 1024
+
+# Read-only system paths every sandbox sees. /etc is not bound whole: only what programs
+# need to start; /etc/shadow and friends simply do not exist inside.
+_RO_SYSTEM = ["/usr"]
+_ETC_FILES = ["/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/ld.so.cache",
+              "/etc/localtime", "/etc/alternatives", "/etc/mime.types"]
+
+
+class SandboxUnavailable(RuntimeError):
+    """The host cannot sandbox (missing bwrap/setpriv, not root, no user namespaces)."""
+
+
+def rlvr_home() -> Path:
+    return Path(os.environ.get("RLVR_HOME", "/opt/agentic-rlvr"))
+
+
+def sandbox_python_dir() -> Path:
+    return rlvr_home() / "sandbox-venv"
+
+
+@dataclass
+class Limits:
+    cpu_s: int = 60                 # RLIMIT_CPU per command (seconds of CPU)
+    memory_mib: int = 2048          # RLIMIT_AS
+    max_processes: int = 64         # RLIMIT_NPROC (per uid: give each environment its own uid)
+    max_file_mib: int = 64          # RLIMIT_FSIZE
+    tmp_mib: int = 256              # size of a private tmpfs /tmp when no tmp_dir is bound
+    max_output_bytes: int = 64 * _MIB  # a command printing more than this is killed
+
+
+@dataclass
+class CommandResult:
+    exit_code: int                  # -N: killed by signal N; 124 when the wall clock ran out
+    output: str                     # stdout+stderr merged; the tail when truncated
+    timed_out: bool
+    truncated: bool
+    seconds: float
+    total_output_bytes: int = 0
+    output_limit_hit: bool = False
+
+
+@dataclass
+class Sandbox:
+    """One confined place to run commands.
+
+    workdir: host directory bound read-write at /repo (cwd of every command), or read-only
+    with `workdir_readonly=True`. tmp_dir: host directory bound at /tmp (put it under the same
+    size-limited mount as the checkout); None gives a private tmpfs of `limits.tmp_mib`.
+    uid: the unprivileged uid commands run as; files the sandbox must write have to be owned
+    by it (see `chown_tree`).
+
+    Interfaces:
+      run(command, timeout_s) -> CommandResult            # bash -c, merged output, tail-truncated
+      run_argv(argv, timeout_s, env=..., pass_fds=...) -> CommandResult
+      popen(argv, env=..., extra_ro_binds=[(host, inside)], extra_rw_binds=[...],
+            share_net=False, memory_mib=None, **popen_kwargs) -> subprocess.Popen
+          # long-running process (e.g. the pi agent); new process group; end it with
+          # Sandbox.kill(proc). Node (/usr/bin/node) is inside /usr already; bind pi with
+          # extra_ro_binds=[(str(rlvr_home() / "pi"), str(rlvr_home() / "pi"))].
+    """
+    workdir: Path
+    uid: int = 65534
+    limits: Limits = field(default_factory=Limits)
+    tmp_dir: Path | None = None
+    workdir_readonly: bool = False
+    max_output_chars: int = 50_000
+
+    def __post_init__(self) -> None:
+        check_host()
+        self.workdir = Path(self.workdir)
+
+    # --- building the command line -------------------------------------------------------
+    def argv(self, inner: Sequence[str], env: Mapping[str, str] | None = None,
+             extra_ro_binds: Sequence[tuple[str, str]] = (),
+             extra_rw_binds: Sequence[tuple[str, str]] = (),
+             share_net: bool = False, memory_mib: int | None = None,
+             cpu_s: int | None = None) -> list[str]:
+        lim = self.limits
+        mem = lim.memory_mib if memory_mib is None else memory_mib
+        cpu = lim.cpu_s if cpu_s is None else cpu_s
+        cmd = ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
+               "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
+               "prlimit", f"--cpu={cpu}:{cpu + 1}", f"--nproc={lim.max_processes}",
+               f"--fsize={lim.max_file_mib * _MIB}", "--core=0", "--nofile=1024"]
+        if mem > 0:
+            cmd.append(f"--as={mem * _MIB}")
+        cmd += ["--", "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
+                "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+        if share_net:
+            cmd.append("--share-net")
+        for p in _RO_SYSTEM:
+            cmd += ["--ro-bind", p, p]
+        for link, target in (("/bin", "usr/bin"), ("/lib", "usr/lib"), ("/lib64", "usr/lib64"),
+                             ("/sbin", "usr/sbin")):
+            cmd += ["--symlink", target, link]
+        for f in _ETC_FILES:
+            if os.path.exists(f):
+                cmd += ["--ro-bind", f, f]
+        py = str(sandbox_python_dir())
+        cmd += ["--ro-bind", py, py, "--proc", "/proc", "--dev", "/dev"]
+        if self.tmp_dir is not None:
+            cmd += ["--bind", str(self.tmp_dir), INSIDE_TMP]
+        else:
+            cmd += ["--size", str(lim.tmp_mib * _MIB), "--tmpfs", INSIDE_TMP]
+        cmd += ["--ro-bind" if self.workdir_readonly else "--bind", str(self.workdir), INSIDE_REPO]
+        for host, inside in extra_ro_binds:
+            cmd += ["--ro-bind", str(host), str(inside)]
+        for host, inside in extra_rw_binds:
+            cmd += ["--bind", str(host), str(inside)]
+        cmd += ["--chdir", INSIDE_REPO, "--clearenv"]
+        full_env = {"PATH": f"{py}/bin:/usr/local/bin:/usr/bin:/bin", "HOME": INSIDE_TMP,
+                    "TMPDIR": INSIDE_TMP, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+                    "PYTHONUNBUFFERED": "1"}
+        full_env.update(env or {})
+        for k, v in full_env.items():
+            cmd += ["--setenv", k, v]
+        return cmd + ["--", *inner]
+
+    # --- running ---------------------------------------------------------------------
+    def run(self, command: str, timeout_s: float) -> CommandResult:
+        """Run `bash -c command` in the checkout; never raises for what the command does."""
+        return self.run_argv(["bash", "-c", command], timeout_s)
+
+    def run_argv(self, inner: Sequence[str], timeout_s: float, env: Mapping[str, str] | None = None,
+                 pass_fds: Sequence[int] = (), extra_ro_binds: Sequence[tuple[str, str]] = (),
+                 max_output_chars: int | None = None) -> CommandResult:
+        cap = self.max_output_chars if max_output_chars is None else max_output_chars
+        start = time.monotonic()
+        proc = subprocess.Popen(
+            self.argv(inner, env=env, extra_ro_binds=extra_ro_binds,
+                      cpu_s=max(1, int(timeout_s) + 1) if timeout_s < self.limits.cpu_s else None),
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True, pass_fds=tuple(pass_fds))
+        tail = bytearray()
+        total = 0
+        timed_out = limit_hit = False
+        deadline = start + timeout_s
+        fd = proc.stdout.fileno()
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    timed_out = True
+                    break
+                ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+                if not ready:
+                    continue
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    break
+                total += len(chunk)
+                tail += chunk
+                if len(tail) > 4 * cap + 4096:   # bytes >= chars; trim lazily
+                    del tail[: len(tail) - (4 * cap + 4096)]
+                if total > self.limits.max_output_bytes:
+                    limit_hit = True
+                    break
+        finally:
+            self.kill(proc)
+        exit_code = 124 if timed_out else proc.returncode
+        text = tail.decode("utf-8", errors="replace")
+        truncated = total > len(tail) or len(text) > cap
+        if len(text) > cap:
+            text = text[-cap:]
+        return CommandResult(exit_code=exit_code, output=text, timed_out=timed_out,
+                             truncated=truncated, seconds=time.monotonic() - start,
+                             total_output_bytes=total, output_limit_hit=limit_hit)
+
+    def popen(self, inner: Sequence[str], env: Mapping[str, str] | None = None,
+              extra_ro_binds: Sequence[tuple[str, str]] = (),
+              extra_rw_binds: Sequence[tuple[str, str]] = (),
+              share_net: bool = False, memory_mib: int | None = None,
+              cpu_s: int | None = None, **popen_kwargs) -> subprocess.Popen:
+        """Start a long-running confined process in its own process group.
+
+        The caller owns it and must end it with `Sandbox.kill(proc)`. Node reserves large
+        virtual memory: pass memory_mib=0 (no RLIMIT_AS) for pi.
+        """
+        popen_kwargs.setdefault("stdin", subprocess.DEVNULL)
+        return subprocess.Popen(
+            self.argv(inner, env=env, extra_ro_binds=extra_ro_binds, extra_rw_binds=extra_rw_binds,
+                      share_net=share_net, memory_mib=memory_mib, cpu_s=cpu_s),
+            start_new_session=True, **popen_kwargs)
+
+    @staticmethod
+    def kill(proc: subprocess.Popen) -> None:
+        """SIGKILL the process group; bwrap's death collapses the sandbox's pid namespace."""
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+    def kill_uid_leftovers(self) -> int:
+        """Kill any process still running as this sandbox's uid (belt and braces); count them."""
+        return kill_uid(self.uid)
+
+
+def processes_of_uid(uid: int) -> list[int]:
+    """Live (non-zombie) processes whose real uid is `uid`."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status") as f:
+                for line in f:
+                    if line.startswith("State:") and line.split()[1] in ("Z", "X"):
+                        break
+                    if line.startswith("Uid:"):
+                        if int(line.split()[1]) == uid:
+                            pids.append(int(entry.name))
+                        break
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return pids
+
+
+def kill_uid(uid: int) -> int:
+    if uid == 0:
+        raise ValueError("refusing to kill processes of uid 0")
+    pids = processes_of_uid(uid)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return len(pids)
+
+
+def chown_tree(path: Path, uid: int) -> None:
+    """Give the sandbox uid ownership of a tree it must write to (no symlink following)."""
+    os.lchown(path, uid, uid)
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            os.lchown(os.path.join(root, name), uid, uid)
+
+
+_HOST_OK: bool | None = None
+
+
+def check_host() -> None:
+    """Raise SandboxUnavailable with the fix if this host cannot run the sandbox."""
+    global _HOST_OK
+    if _HOST_OK:
+        return
+    missing = [b for b in ("bwrap", "setpriv", "prlimit", "mount") if shutil.which(b) is None]
+    if missing:
+        raise SandboxUnavailable(
+            f"cannot sandbox: {', '.join(missing)} not found; install bubblewrap and util-linux "
+            "(scripts/setup.sh does it)")
+    if os.geteuid() != 0:
+        raise SandboxUnavailable(
+            "cannot sandbox: the environment host process must run as root so it can drop "
+            "commands to an unprivileged uid (setpriv) and mount size-limited checkouts")
+    py = sandbox_python_dir() / "bin" / "python"
+    if not py.exists():
+        raise SandboxUnavailable(
+            f"cannot sandbox: no sandbox Python at {py}; run scripts/setup.sh "
+            "(or set RLVR_HOME to where it lives)")
+    probe = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
+         "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+         "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64",
+         "/lib64", "--symlink", "usr/bin", "/bin", "--proc", "/proc", "--", "/usr/bin/true"],
+        capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        raise SandboxUnavailable(
+            "cannot sandbox: bwrap failed as an unprivileged user (are unprivileged user "
+            f"namespaces enabled? sysctl kernel.unprivileged_userns_clone=1): {probe.stderr.strip()}")
+    _HOST_OK = True
+
+
+class QuotaDir:
+    """A directory backed by its own size-limited tmpfs: a disk quota for one environment."""
+
+    def __init__(self, path: Path, size_mib: int) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=False)
+        res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m,mode=0755,nosuid,nodev",
+                              "tmpfs", str(self.path)], capture_output=True, text=True)
+        if res.returncode != 0:
+            self.path.rmdir()
+            raise SandboxUnavailable(f"cannot mount a size-limited tmpfs at {self.path}: "
+                                     f"{res.stderr.strip()} (the environment host must run as root)")
+        self.mounted = True
+
+    def close(self) -> None:
+        if self.mounted:
+            res = subprocess.run(["umount", str(self.path)], capture_output=True, text=True)
+            if res.returncode != 0:   # still busy: detach now, the kernel frees it when idle
+                subprocess.run(["umount", "-l", str(self.path)], check=True)
+            self.mounted = False
+            self.path.rmdir()

@@ -1,0 +1,78 @@
+"""Task records: everything needed to rebuild a stubbed checkout and verify it, one JSON line each."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+
+@dataclass
+class Task:
+    id: str                      # "<library>-<version>:<module path>:<qualname>"
+    library: str
+    version: str
+    sdist_filename: str
+    sdist_sha256: str
+    sdist_url: str
+    module_path: str             # relative to the sdist's top directory, e.g. "toolz/itertoolz.py"
+    qualname: str
+    body_start_line: int         # 1-based, inclusive: the lines the stub replaces
+    body_end_line: int
+    original_body: str           # exact text of those lines (the reference solution)
+    stub_body: str               # what replaces them
+    fail_to_pass: list[str]
+    pass_to_pass: list[str]
+    test_command: list[str]      # argv run in the checkout, e.g. ["python", "-m", "pytest", ...]
+    problem_statement: str
+    meta: dict = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=False)
+
+    @classmethod
+    def from_json(cls, text: str | dict) -> "Task":
+        data = json.loads(text) if isinstance(text, str) else dict(text)
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        missing = {f.name for f in fields(cls) if f.name not in data and f.name != "meta"}
+        if unknown or missing:
+            raise ValueError(f"not a task record: missing {sorted(missing)}, unknown {sorted(unknown)}")
+        return cls(**data)
+
+    def stubbed_source(self, original_file: str) -> str:
+        """Apply the stub to the module's pristine text, checking it is the file mined from."""
+        lines = original_file.splitlines(keepends=True)
+        body = "".join(lines[self.body_start_line - 1:self.body_end_line])
+        if body != self.original_body:
+            raise ValueError(f"task {self.id}: {self.module_path} lines {self.body_start_line}-"
+                             f"{self.body_end_line} do not match the recorded body; wrong sdist?")
+        return "".join(lines[:self.body_start_line - 1]) + self.stub_body + "".join(lines[self.body_end_line:])
+
+    def solved_source(self, stubbed_file: str) -> str:
+        """Inverse of stubbed_source (the reference solution), used to check tasks end to end."""
+        return stubbed_file.replace(self.stub_body, self.original_body, 1)
+
+
+def load_tasks(path: str | Path) -> list[Task]:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"task file not found: {path} (write one with `rlvr tasks mine <library> --out {path}`)")
+    tasks = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                tasks.append(Task.from_json(line))
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"{path}:{n}: {e}") from None
+    ids = [t.id for t in tasks]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{path}: duplicate task ids")
+    return tasks
+
+
+def save_tasks(tasks: list[Task], path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("".join(t.to_json() + "\n" for t in tasks))
+    tmp.replace(path)

@@ -1,0 +1,88 @@
+"""Run a repository's tests inside the sandbox and collect per-test outcomes through the
+verification plugin's pipe (never from pytest's own, forgeable, output)."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from envs.sandbox import Sandbox
+
+PLUGIN_DIR = Path(__file__).parent / "verify_plugin"
+INSIDE_PLUGIN = "/rlvr/plugin"
+
+BASE_PYTEST = ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "rlvr_verify"]
+
+
+@dataclass
+class TestRun:
+    outcomes: dict[str, str] = field(default_factory=dict)   # nodeid -> passed|failed|skipped|xpassed
+    collect_errors: list[str] = field(default_factory=list)
+    tampered: list[str] = field(default_factory=list)
+    finished: bool = False        # the plugin reached session end
+    forged_lines: int = 0         # lines on the channel without the nonce
+    timed_out: bool = False
+    exit_code: int = 0
+    output: str = ""
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> set[str]:
+        return {k for k, v in self.outcomes.items() if v == "passed"}
+
+
+def run_tests(sandbox: Sandbox, test_command: Sequence[str], nodeids: Sequence[str] = (),
+              timeout_s: float = 120.0, per_test_timeout_s: float = 10.0,
+              extra_args: Sequence[str] = ()) -> TestRun:
+    """Run `test_command` (+ nodeids) in the sandbox's checkout with the plugin loaded."""
+    read_fd, write_fd = os.pipe()
+    nonce = secrets.token_hex(16)
+    chunks: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            data = os.read(read_fd, 1 << 16)
+            if not data:
+                break
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    argv = [*test_command, f"--timeout={per_test_timeout_s:g}", *extra_args, *nodeids]
+    env = {"PYTHONPATH": INSIDE_PLUGIN, "RLVR_RESULT_FD": str(write_fd),
+           "RLVR_RESULT_NONCE": nonce, "PYTHONDONTWRITEBYTECODE": "1"}
+    try:
+        res = sandbox.run_argv(argv, timeout_s, env=env, pass_fds=(write_fd,),
+                               extra_ro_binds=[(str(PLUGIN_DIR), INSIDE_PLUGIN)])
+    finally:
+        os.close(write_fd)
+    reader.join(timeout=10)
+    os.close(read_fd)
+    run = TestRun(timed_out=res.timed_out, exit_code=res.exit_code, output=res.output,
+                  seconds=res.seconds)
+    for line in b"".join(chunks).decode("utf-8", errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            run.forged_lines += 1
+            continue
+        if not isinstance(rec, dict) or rec.get("nonce") != nonce:
+            run.forged_lines += 1
+            continue
+        if "nodeid" in rec:
+            prev = run.outcomes.get(rec["nodeid"])
+            # a test reported twice keeps its worst outcome (reruns cannot launder a failure)
+            if prev is None or prev == "passed":
+                run.outcomes[rec["nodeid"]] = rec["outcome"]
+        elif "collect_error" in rec:
+            run.collect_errors.append(rec["collect_error"])
+        elif rec.get("finished"):
+            run.finished = True
+            run.tampered.extend(rec.get("tampered", []))
+    if run.forged_lines:
+        run.tampered.append(f"{run.forged_lines} unsigned lines on the result channel")
+    return run

@@ -1,0 +1,271 @@
+"""pi's tools (`read`, `bash`, `edit`, `write`) with pi's exact schemas and messages, and a
+tolerant dispatcher: undeclared arguments are dropped, `null` counts as absent, a missing or
+ill-typed required argument returns an instructive error, and no input ever raises.
+
+File tools run on the host but only inside the checkout: paths are resolved (symlinks
+included) and refused if they leave it; files written are handed to the sandbox uid.
+`bash` runs in the sandbox.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from envs.sandbox import INSIDE_REPO, Sandbox
+
+PI_TOOLS: list[dict] = json.loads((Path(__file__).parent / "pi_tools.json").read_text())
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in PI_TOOLS}
+
+MAX_LINES = 2000          # pi's DEFAULT_MAX_LINES
+MAX_BYTES = 50 * 1024     # pi's DEFAULT_MAX_BYTES
+
+
+@dataclass
+class ToolResult:
+    content: str
+    is_error: bool = False
+
+
+class ToolError(Exception):
+    """A tool call that cannot run; the message goes back to the model."""
+
+
+def _accepted(name: str) -> str:
+    schema = SCHEMAS[name]
+    req = set(schema.get("required", []))
+    out = []
+    for arg, spec in schema["properties"].items():
+        kind = spec.get("type", "any")
+        if arg == "edits":
+            kind = "array of {oldText: string, newText: string}"
+        out.append(f"{arg} ({kind}, {'required' if arg in req else 'optional'})")
+    return ", ".join(out)
+
+
+def _normalize_args(name: str, arguments: Any) -> dict:
+    if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
+        arguments = {}
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError as e:
+            raise ToolError(f"Arguments for `{name}` are not valid JSON ({e.msg} at position {e.pos}). "
+                            f"Send a JSON object with: {_accepted(name)}.") from None
+    if not isinstance(arguments, dict):
+        raise ToolError(f"Arguments for `{name}` must be a JSON object, got {type(arguments).__name__}. "
+                        f"It accepts: {_accepted(name)}.")
+    props = SCHEMAS[name]["properties"]
+    args = {k: v for k, v in arguments.items() if k in props and v is not None}
+    if name == "edit" and "edits" not in args and isinstance(arguments.get("oldText"), str) \
+            and isinstance(arguments.get("newText"), str):   # the older single-edit form
+        args["edits"] = [{"oldText": arguments["oldText"], "newText": arguments["newText"]}]
+    missing = [r for r in SCHEMAS[name].get("required", []) if r not in args]
+    if missing:
+        raise ToolError(f"Tool `{name}` is missing required argument(s): {', '.join(missing)}. "
+                        f"It accepts: {_accepted(name)}.")
+    for arg, value in list(args.items()):
+        kind = props[arg].get("type")
+        if kind == "string" and not isinstance(value, str):
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                args[arg] = str(value)
+            else:
+                raise ToolError(f"Argument `{arg}` of `{name}` must be a string, got {type(value).__name__}. "
+                                f"It accepts: {_accepted(name)}.")
+        elif kind == "number":
+            args[arg] = _number(name, arg, value)
+        elif kind == "array":
+            args[arg] = _edits(value)
+    return args
+
+
+def _number(name: str, arg: str, value: Any) -> float:
+    if isinstance(value, bool):
+        raise ToolError(f"Argument `{arg}` of `{name}` must be a number, got a boolean.")
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str):
+        try:
+            return float(value) if "." in value else int(value)
+        except ValueError:
+            pass
+    raise ToolError(f"Argument `{arg}` of `{name}` must be a number, got {value!r}. It accepts: {_accepted(name)}.")
+
+
+def _edits(value: Any) -> list[dict]:
+    if isinstance(value, str):   # a JSON-encoded array, as small models often send
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise ToolError("Argument `edits` of `edit` must be an array of {oldText, newText} objects; "
+                            "got a string that is not JSON.") from None
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise ToolError("Edit tool input is invalid. edits must contain at least one replacement "
+                        "(an array of {oldText: string, newText: string}).")
+    out = []
+    for i, e in enumerate(value):
+        if not isinstance(e, dict) or not isinstance(e.get("oldText"), str) or not isinstance(e.get("newText"), str):
+            raise ToolError(f"edits[{i}] must be an object with string fields oldText and newText, got {e!r:.200}.")
+        out.append({"oldText": e["oldText"], "newText": e["newText"]})
+    return out
+
+
+class Tools:
+    """The four tools bound to one checkout and its sandbox."""
+
+    def __init__(self, checkout: Path, sandbox: Sandbox, uid: int, command_timeout_s: float,
+                 max_output_chars: int, max_file_bytes: int) -> None:
+        self.checkout = Path(checkout)
+        self.root = Path(os.path.realpath(self.checkout))
+        self.sandbox = sandbox
+        self.uid = uid
+        self.command_timeout_s = command_timeout_s
+        self.max_output_chars = max_output_chars
+        self.max_file_bytes = max_file_bytes
+        self.files_written: set[str] = set()
+
+    def call(self, name: str, arguments: Any) -> ToolResult:
+        """Dispatch one tool call; errors become ToolResult(is_error=True), never exceptions."""
+        if not isinstance(name, str) or name not in SCHEMAS:
+            return ToolResult(f"Unknown tool {name!r}. Available tools: {', '.join(SCHEMAS)}.", True)
+        try:
+            args = _normalize_args(name, arguments)
+            text = getattr(self, f"_{name}")(**args)
+            return ToolResult(self._bound(text), False)
+        except ToolError as e:
+            return ToolResult(self._bound(str(e)), True)
+
+    def _bound(self, text: str) -> str:
+        if len(text) <= self.max_output_chars:
+            return text
+        return text[: self.max_output_chars] + f"\n\n[output truncated to {self.max_output_chars} characters]"
+
+    # --- paths -----------------------------------------------------------------------
+    def _host_path(self, path: str) -> Path:
+        p = path.strip()
+        if p.startswith("@"):
+            p = p[1:]
+        if p == INSIDE_REPO or p.startswith(INSIDE_REPO + "/"):
+            p = p[len(INSIDE_REPO):].lstrip("/") or "."
+        elif os.path.isabs(p):
+            raise ToolError(f"Path {path} is outside the repository; use a path relative to the "
+                            f"working directory ({INSIDE_REPO}).")
+        host = self.root / p
+        real = Path(os.path.realpath(host))
+        if real != self.root and self.root not in real.parents:
+            raise ToolError(f"Path {path} resolves outside the repository; it cannot be used.")
+        return real
+
+    # --- tools -----------------------------------------------------------------------
+    def _read(self, path: str, offset: float | None = None, limit: float | None = None) -> str:
+        host = self._host_path(path)
+        if host.is_dir():
+            raise ToolError(f"Could not read file: {path}. It is a directory (use bash: ls {path}).")
+        if not host.is_file():
+            raise ToolError(f"Could not read file: {path}. File not found.")
+        lines = host.read_bytes().decode("utf-8", errors="replace").split("\n")
+        start = max(0, int(offset) - 1) if offset else 0
+        if start >= len(lines):
+            raise ToolError(f"Offset {int(offset)} is beyond end of file ({len(lines)} lines total)")
+        end = len(lines) if limit is None else min(len(lines), start + max(0, int(limit)))
+        out, size = [], 0
+        for line in lines[start:end]:
+            if len(out) >= MAX_LINES or size + len(line.encode()) + 1 > MAX_BYTES:
+                break
+            out.append(line)
+            size += len(line.encode()) + 1
+        if not out and start < end:
+            return (f"[Line {start + 1} exceeds {MAX_BYTES // 1024}KB limit. Use bash: "
+                    f"sed -n '{start + 1}p' {path} | head -c {MAX_BYTES}]")
+        text = "\n".join(out)
+        shown_end = start + len(out)
+        if shown_end < end:
+            text += f"\n\n[Showing lines {start + 1}-{shown_end} of {len(lines)}. Use offset={shown_end + 1} to continue.]"
+        elif limit is not None and end < len(lines):
+            text += f"\n\n[{len(lines) - end} more lines in file. Use offset={end + 1} to continue.]"
+        return text
+
+    def _write(self, path: str, content: str) -> str:
+        if len(content.encode()) > self.max_file_bytes:
+            raise ToolError(f"Content is larger than the {self.max_file_bytes} byte file limit.")
+        host = self._host_path(path)
+        if host.is_dir():
+            raise ToolError(f"Could not write file: {path}. It is a directory.")
+        self._make_parents(host.parent)
+        host.write_text(content)
+        os.lchown(host, self.uid, self.uid)
+        self.files_written.add(str(host.relative_to(self.root)))
+        return f"Successfully wrote {len(content.encode())} bytes to {path}"
+
+    def _make_parents(self, parent: Path) -> None:
+        missing = []
+        while not parent.exists():
+            missing.append(parent)
+            parent = parent.parent
+        for d in reversed(missing):
+            d.mkdir()
+            os.lchown(d, self.uid, self.uid)
+
+    def _edit(self, path: str, edits: list[dict]) -> str:
+        host = self._host_path(path)
+        if not host.is_file():
+            raise ToolError(f"Could not edit file: {path}. Error code: ENOENT.")
+        raw = host.read_bytes().decode("utf-8", errors="replace")
+        bom = "\ufeff" if raw.startswith("\ufeff") else ""
+        raw = raw[len(bom):]
+        crlf = "\r\n" in raw
+        content = raw.replace("\r\n", "\n")
+        matches = []
+        for i, e in enumerate(edits):
+            old = e["oldText"].replace("\r\n", "\n")
+            label = "the text" if len(edits) == 1 else f"edits[{i}]"
+            if not old:
+                raise ToolError(f"oldText must not be empty in {path}." if len(edits) == 1
+                                else f"edits[{i}].oldText must not be empty in {path}.")
+            n = content.count(old)
+            if n == 0:
+                raise ToolError(f"Could not find {label} in {path}. The old text must match exactly "
+                                "including all whitespace and newlines.")
+            if n > 1:
+                raise ToolError(f"Found {n} occurrences of {label} in {path}. The text must be unique. "
+                                "Please provide more context to make it unique.")
+            matches.append((content.index(old), len(old), e["newText"].replace("\r\n", "\n"), i))
+        matches.sort()
+        for (a, la, _, ia), (b, _, _, ib) in zip(matches, matches[1:]):
+            if a + la > b:
+                raise ToolError(f"edits[{ia}] and edits[{ib}] overlap in {path}. Merge them into one "
+                                "edit or target disjoint regions.")
+        new = content
+        for pos, length, text, _ in reversed(matches):
+            new = new[:pos] + text + new[pos + length:]
+        if new == content:
+            raise ToolError(f"No changes made to {path}. The replacement produced identical content.")
+        if crlf:
+            new = new.replace("\n", "\r\n")
+        host.write_text(bom + new)
+        os.lchown(host, self.uid, self.uid)
+        self.files_written.add(str(host.relative_to(self.root)))
+        return f"Successfully replaced {len(edits)} block(s) in {path}."
+
+    def _bash(self, command: str, timeout: float | None = None) -> str:
+        limit = self.command_timeout_s if not timeout or timeout <= 0 else min(timeout, self.command_timeout_s)
+        res = self.sandbox.run(command, limit)
+        lines = res.output.split("\n")
+        text = "\n".join(lines[-MAX_LINES:])
+        if len(text.encode()) > MAX_BYTES:
+            text = text.encode()[-MAX_BYTES:].decode("utf-8", errors="ignore")
+        if res.truncated or len(lines) > MAX_LINES:
+            text += f"\n\n[Output truncated: showing the last part of {res.total_output_bytes} bytes of output]"
+        if not text.strip():
+            text = "(no output)"
+        if res.output_limit_hit:
+            raise ToolError(text + f"\n\nCommand killed: it printed more than {res.total_output_bytes} bytes")
+        if res.timed_out:
+            raise ToolError(text + f"\n\nCommand timed out after {limit:g} seconds")
+        if res.exit_code != 0:
+            raise ToolError(text + f"\n\nCommand exited with code {res.exit_code}")
+        return text

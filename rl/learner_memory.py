@@ -1,0 +1,81 @@
+"""Activation-memory savers for long sequences: sequence-tiled MLP and peak-memory readings.
+
+With gradient checkpointing, the backward of one decoder layer recomputes that layer and
+holds all its intermediates at once; at 32k tokens the MLP's [tokens, intermediate] tensors
+dominate. Tiling the MLP over the sequence keeps one tile's intermediates alive instead.
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+import torch
+
+
+class _TiledMLP(torch.autograd.Function):
+    """y = mlp(x) computed tile by tile; backward recomputes each tile and backpropagates it.
+
+    Parameter gradients are accumulated into `.grad` directly by the per-tile backward, so the
+    parameters are passed in only to make autograd record the node.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, fn: Callable, tile: int, *params: torch.Tensor) -> torch.Tensor:
+        ctx.fn, ctx.tile, ctx.n_params = fn, tile, len(params)
+        ctx.save_for_backward(x)
+        with torch.no_grad():
+            return torch.cat([fn(x[..., s:s + tile, :]) for s in range(0, x.shape[-2], tile)], dim=-2)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        (x,) = ctx.saved_tensors
+        grad_x = torch.empty_like(x) if ctx.needs_input_grad[0] else None
+        for s in range(0, x.shape[-2], ctx.tile):
+            xt = x[..., s:s + ctx.tile, :].detach().requires_grad_(grad_x is not None)
+            with torch.enable_grad():
+                out = ctx.fn(xt)
+            torch.autograd.backward(out, grad_out[..., s:s + ctx.tile, :])
+            if grad_x is not None:
+                grad_x[..., s:s + ctx.tile, :] = xt.grad
+        return (grad_x, None, None) + (None,) * ctx.n_params
+
+
+def tile_mlps(model: torch.nn.Module, tile_tokens: int) -> int:
+    """Wrap every decoder layer's `mlp` so sequences longer than tile_tokens run tiled."""
+    count = 0
+    for name, module in model.named_modules():
+        if not re.search(r"layers\.\d+\.mlp$", name):
+            continue
+        inner = module.forward
+        params = [p for p in module.parameters() if p.requires_grad]
+
+        def tiled(x: torch.Tensor, _inner=inner, _params=params) -> torch.Tensor:
+            if x.shape[-2] <= tile_tokens or not torch.is_grad_enabled():
+                return _inner(x)
+            return _TiledMLP.apply(x, _inner, tile_tokens, *_params)
+
+        module.forward = tiled
+        count += 1
+    if count == 0:
+        raise ValueError("mlp tiling found no 'layers.<i>.mlp' modules in this model; set learner.mlp_tile_tokens=0")
+    return count
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak window: CUDA allocator stats, or the process RSS high-water mark."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak since reset_peak_memory: CUDA allocated bytes, or peak process RSS on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 2**20
+    raise RuntimeError("VmHWM missing from /proc/self/status")

@@ -1,0 +1,43 @@
+"""`rlvr train`: one entry point for embedded runs and `ray job submit` alike."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from rl.config import ConfigError, load_config
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+
+
+def train(args) -> int:
+    if args.resume:
+        run_dir = Path(args.resume)
+        if not (run_dir / "config.yaml").is_file():
+            raise SystemExit(f"--resume {run_dir}: not a run directory (no config.yaml in it)")
+        cfg = load_config(run_dir / "config.yaml", args.overrides)
+    else:
+        config, overrides = args.config, list(args.overrides)
+        if config and "=" in config and not Path(config).exists():  # only overrides were given
+            config, overrides = None, [config, *overrides]
+        cfg = load_config(config or DEFAULT_CONFIG, overrides)
+        run_dir = Path(cfg.trainer.run_dir)
+        if (run_dir / "config.yaml").exists():
+            raise SystemExit(f"{run_dir} already holds a run: resume it with `rlvr train --resume {run_dir}`, "
+                             f"delete it, or choose another trainer.run_dir=...")
+    from rl.driver import Trainer
+    Trainer(cfg, run_dir).run()
+    return 0
+
+
+def _train_entry(args) -> int:
+    try:
+        return train(args)
+    except ConfigError as e:
+        raise SystemExit(str(e)) from None
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train", help="run GRPO training (embedded Ray, or the cluster under `ray job submit`)")
+    p.add_argument("config", nargs="?", help=f"run config YAML (default: {DEFAULT_CONFIG.name})")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.steps=20 rollout.temperature=0.8")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    p.set_defaults(func=_train_entry)

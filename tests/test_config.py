@@ -1,0 +1,64 @@
+from pathlib import Path
+
+import pytest
+
+from rl.config import ConfigError, load_config
+
+CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_configs_validate(path):
+    cfg = load_config(path)
+    assert cfg.trainer.steps >= 1
+
+
+def test_unknown_key_is_named(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("trainer:\n  stepz: 3\n")
+    with pytest.raises(ConfigError, match=r"trainer\.stepz: unknown key"):
+        load_config(p)
+
+
+def test_bad_value_names_key_and_value(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("rollout:\n  temperature: hot\n")
+    with pytest.raises(ConfigError, match=r"rollout\.temperature.*'hot'"):
+        load_config(p)
+
+
+def test_malformed_yaml_and_non_mapping(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("trainer: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(p)
+    p.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_config(p)
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_dotted_overrides_are_typed():
+    cfg = load_config(None, ["trainer.steps=20", "rollout.temperature=0.5", "sync.strategy=merged"])
+    assert cfg.trainer.steps == 20 and cfg.rollout.temperature == 0.5 and cfg.sync.strategy == "merged"
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        load_config(None, ["trainer.steps"])
+    with pytest.raises(ConfigError, match=r"sync\.strategy"):
+        load_config(None, ["sync.strategy=telepathy"])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["learner.lora_target_modules=[q_proj, lm_head]"], "lm_head"),
+    (["ray.expandable_segments=true"], "expandable_segments"),
+    (["rollout.max_tokens=4096", "rollout.max_model_len=2048"], "max_tokens"),
+    (["scaffold.max_episode_tokens=9000", "rollout.max_model_len=2048"], "max_episode_tokens"),
+])
+def test_known_bad_combinations_rejected(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_known_bad_combinations_have_escape_hatches():
+    load_config(None, ["learner.lora_target_modules=[q_proj, lm_head]", "learner.loss_impl=naive"])
+    load_config(None, ["ray.expandable_segments=true", "rollout.sleep_level=0"])

@@ -1,0 +1,199 @@
+"""Learner on CPU: a tiny random llama for the step math, SmolLM2-135M for the save paths."""
+import random
+
+import pytest
+import torch
+
+from actors.learner import Learner, _micro_batches
+from rl.config import LearnerConfig, ModelConfig
+from rl.types import TrainSample
+
+VOCAB = 128
+
+
+@pytest.fixture(scope="module")
+def tiny_model_path(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=False)
+    path = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    return str(path)
+
+
+def make_cfg(**kw) -> LearnerConfig:
+    base = dict(lora_rank=4, lora_alpha=8, lr=5e-2, logit_chunk_tokens=16, micro_batch_tokens=4096)
+    base.update(kw)
+    return LearnerConfig(**base)
+
+
+def make_samples(n=4, seed=0, vocab=VOCAB) -> list[TrainSample]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        length = rng.randint(12, 30)
+        prompt = rng.randint(3, 8)
+        ids = [rng.randrange(vocab) for _ in range(length)]
+        mask = [0] * prompt + [1] * (length - prompt)
+        lps = [0.0] * prompt + [-rng.uniform(3.0, 6.0) for _ in range(length - prompt)]
+        out.append(TrainSample(ids, mask, lps, advantage=1.0 if i % 2 == 0 else -1.0, group_id=str(i // 2)))
+    return out
+
+
+def lora(learner) -> dict:
+    return learner.lora_state()
+
+
+def assert_same_lora(a: dict, b: dict, rtol=1e-4, atol=1e-6):
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=rtol, atol=atol, msg=k)
+
+
+def test_micro_batches_respect_budget_and_keep_everything():
+    samples = make_samples(9)
+    batches = _micro_batches(samples, 60)
+    assert [s for b in batches for s in b] == samples
+    for b in batches:
+        assert len(b) == 1 or max(len(s.token_ids) for s in b) * len(b) <= 60
+
+
+def test_sequence_logprobs_match_hf_logits(tiny_model_path):
+    from transformers import AutoModelForCausalLM
+
+    learner = Learner(tiny_model_path, make_cfg(), ModelConfig(), seed=0)
+    ids = make_samples(1)[0].token_ids
+    got = learner.sequence_logprobs(ids)
+    ref_model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    with torch.no_grad():
+        logits = ref_model(torch.tensor([ids])).logits[0, :-1]
+    ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1)
+    assert got[0] == 0.0 and len(got) == len(ids)
+    torch.testing.assert_close(torch.tensor(got[1:]), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_chunked_and_naive_steps_agree(tiny_model_path):
+    samples = make_samples()
+    a = Learner(tiny_model_path, make_cfg(loss_impl="chunked"), ModelConfig(), seed=0)
+    b = Learner(tiny_model_path, make_cfg(loss_impl="naive"), ModelConfig(), seed=0)
+    ma, mb = a.train_step(samples), b.train_step(samples)
+    for k in ("loss", "grad_norm", "clip_frac", "ratio_mean", "tokens"):
+        assert ma[k] == pytest.approx(mb[k], rel=1e-4, abs=1e-6), k
+    assert ma["tokens"] == sum(sum(s.loss_mask) for s in samples)
+    assert ma["grad_norm"] > 0 and ma["peak_mem_gib"] > 0
+    assert_same_lora(lora(a), lora(b))
+
+
+def test_micro_batching_does_not_change_the_step(tiny_model_path):
+    """Token-level aggregation over the whole batch: splitting into micro-batches is invisible."""
+    samples = make_samples(5)
+    whole = Learner(tiny_model_path, make_cfg(micro_batch_tokens=4096), ModelConfig(), seed=0)
+    split = Learner(tiny_model_path, make_cfg(micro_batch_tokens=32), ModelConfig(), seed=0)
+    mw, ms = whole.train_step(samples), split.train_step(samples)
+    assert mw["loss"] == pytest.approx(ms["loss"], rel=1e-4)
+    assert mw["grad_norm"] == pytest.approx(ms["grad_norm"], rel=1e-4)
+    assert_same_lora(lora(whole), lora(split))
+
+
+def test_memory_options_do_not_change_the_step(tiny_model_path):
+    samples = make_samples(3)
+    plain = Learner(tiny_model_path, make_cfg(), ModelConfig(), seed=0)
+    saver = Learner(tiny_model_path, make_cfg(activation_offload=True, mlp_tile_tokens=5), ModelConfig(), seed=0)
+    mp, msv = plain.train_step(samples), saver.train_step(samples)
+    assert mp["grad_norm"] == pytest.approx(msv["grad_norm"], rel=1e-4)
+    assert_same_lora(lora(plain), lora(saver))
+
+
+def test_training_moves_logprobs_in_the_advantage_direction(tiny_model_path):
+    learner = Learner(tiny_model_path, make_cfg(lr=2e-2), ModelConfig(), seed=0)
+    good, bad = make_samples(2, seed=3)
+    good.advantage, bad.advantage = 1.0, -1.0
+    for s in (good, bad):  # on-policy rollout log-probs
+        s.logprobs = [lp if m else 0.0 for lp, m in zip(learner.sequence_logprobs(s.token_ids), s.loss_mask)]
+
+    def masked_sum(s):
+        return sum(lp for lp, m in zip(learner.sequence_logprobs(s.token_ids), s.loss_mask) if m)
+
+    before = masked_sum(good), masked_sum(bad)
+    first = learner.train_step([good, bad])
+    assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-4) and first["clip_frac"] == 0.0
+    for _ in range(2):
+        learner.train_step([good, bad])
+    after = masked_sum(good), masked_sum(bad)
+    assert after[0] > before[0] + 0.5
+    assert after[1] < before[1] - 0.5
+
+
+def test_kl_is_zero_before_any_update_and_positive_after(tiny_model_path):
+    learner = Learner(tiny_model_path, make_cfg(beta=0.1), ModelConfig(), seed=0)
+    samples = make_samples(2)
+    m1 = learner.train_step(samples)
+    assert m1["kl"] == pytest.approx(0.0, abs=1e-7)  # LoRA B starts at zero: policy == reference
+    m2 = learner.train_step(samples)
+    assert m2["kl"] > 0
+
+
+def test_bad_input_raises_and_changes_nothing(tiny_model_path):
+    learner = Learner(tiny_model_path, make_cfg(), ModelConfig(), seed=0)
+    before = lora(learner)
+    bad = make_samples(1)[0]
+    bad.token_ids[3] = VOCAB + 5
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        learner.train_step(make_samples(2) + [bad])
+    no_tokens = TrainSample([1, 2, 3], [0, 0, 0], [0.0, 0.0, 0.0], advantage=1.0)
+    with pytest.raises(ValueError, match="no trained tokens"):
+        learner.train_step([no_tokens])
+    assert_same_lora(before, lora(learner), rtol=0, atol=0)
+    assert learner.steps_done == 0
+
+
+def test_save_and_load_state_resumes_exactly(tiny_model_path, tmp_path):
+    s1, s2 = make_samples(3, seed=1), make_samples(3, seed=2)
+    a = Learner(tiny_model_path, make_cfg(), ModelConfig(), seed=0)
+    a.train_step(s1)
+    a.save_state(str(tmp_path / "ckpt"))
+    a.train_step(s2)
+    b = Learner(tiny_model_path, make_cfg(), ModelConfig(), seed=123)  # different init, overwritten by the load
+    b.load_state(str(tmp_path / "ckpt"))
+    assert b.steps_done == 1
+    b.train_step(s2)
+    assert_same_lora(lora(a), lora(b), rtol=1e-6, atol=1e-7)
+    with pytest.raises(FileNotFoundError, match="incomplete"):
+        b.load_state(str(tmp_path / "nothing-here"))
+
+
+def test_saved_adapter_and_merged_model_reproduce_the_policy(tmp_path):
+    """On the real SmolLM2-135M: both save formats load back to the learner's log-probs."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rl.default_model import resolve_model_path
+
+    path = resolve_model_path("default")
+    learner = Learner(path, make_cfg(lr=1e-3, logit_chunk_tokens=64), ModelConfig(), seed=0)
+    tok = AutoTokenizer.from_pretrained(path)
+    ids = tok("def add(a, b):\n    return a + b\n")["input_ids"]
+    sample = TrainSample(ids, [0] * 4 + [1] * (len(ids) - 4), [0.0] * 4 + [-2.0] * (len(ids) - 4), advantage=1.0)
+    learner.train_step([sample])
+    want = torch.tensor(learner.sequence_logprobs(ids)[1:])
+
+    def logprobs(model):
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0, :-1].float()
+        return torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1)
+
+    merged_dir = learner.save_merged(str(tmp_path / "merged"))
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32)
+    torch.testing.assert_close(logprobs(merged), want, rtol=1e-4, atol=1e-4)
+    assert AutoTokenizer.from_pretrained(merged_dir)(["x"])["input_ids"]  # tokenizer files travel along
+
+    adapter_dir = learner.save_adapter(str(tmp_path / "adapter"))
+    base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with_adapter = PeftModel.from_pretrained(base, adapter_dir)
+    torch.testing.assert_close(logprobs(with_adapter), want, rtol=1e-4, atol=1e-4)
+    # the step really moved the policy away from the base model
+    plain = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    assert (logprobs(plain) - want).abs().max() > 1e-3

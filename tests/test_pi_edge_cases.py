@@ -1,0 +1,139 @@
+"""The real pi CLI against a scripted OpenAI server: every ugly case ends as a clean, recorded
+failure within its wall clock, with no process of the episode left behind."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from fake_openai_server import FakeOpenAIServer, http_error, stall, text, tool_call
+from rl.config import ScaffoldConfig
+from scaffolds import pi_agent
+from envs.sandbox import Sandbox, SandboxUnavailable, check_host, chown_tree
+from scaffolds.pi_agent import HostLauncher, SandboxLauncher, run_pi_episode
+
+pytestmark = pytest.mark.skipif(not pi_agent.pi_cli_path().exists(), reason="pi not installed (scripts/setup.sh)")
+
+MODEL = "fake-model"
+
+
+SANDBOX_UID = 64100  # an unprivileged uid of these tests' own
+
+
+class Recording:
+    """Remembers the episode marker so the test can look for leftovers after the episode."""
+
+    def start(self, argv, env, stderr):
+        self.marker = env[pi_agent.MARKER_ENV]
+        return super().start(argv, env, stderr)
+
+
+class RecordingHost(Recording, HostLauncher):
+    pass
+
+
+class RecordingSandbox(Recording, SandboxLauncher):
+    pass
+
+
+@pytest.fixture(params=["host", "sandbox"])
+def where(request):
+    if request.param == "sandbox":
+        try:
+            check_host()
+        except SandboxUnavailable as e:
+            pytest.skip(str(e))
+    return request.param
+
+
+def _launcher(where: str, checkout: Path):
+    if where == "host":
+        return RecordingHost(checkout)
+    chown_tree(checkout, SANDBOX_UID)
+    return RecordingSandbox(Sandbox(checkout, uid=SANDBOX_UID))
+
+
+@pytest.fixture
+def episode(tmp_path, where):
+    def run(script, **kw):
+        return _episode(tmp_path, where, script, **kw)
+    return run
+
+
+def _episode(tmp_path: Path, where: str, script, wall_clock_s: float = 30.0, max_turns: int = 8,
+             retries: int = 0):
+    checkout = tmp_path / "checkout"
+    checkout.mkdir(exist_ok=True)
+    (checkout / "mod.py").write_text("def f():\n    return 1\n")
+    launcher = _launcher(where, checkout)
+    cfg = ScaffoldConfig(name="pi", wall_clock_s=wall_clock_s, max_turns=max_turns)
+    with FakeOpenAIServer(script, model_id=MODEL) as server:
+        t0 = time.monotonic()
+        outcome = run_pi_episode(launcher, "Fix f in mod.py", server.base_url, MODEL, cfg,
+                                 context_window=4096, max_tokens=256, retries=retries,
+                                 events_path=tmp_path / "events.jsonl", checkout=checkout)
+        elapsed = time.monotonic() - t0
+    assert pi_agent.pids_with_marker(launcher.marker) == [], "episode left processes behind"
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert not any(e["type"] == "message_update" for e in events), "quadratic events must not be stored"
+    return outcome, elapsed, server.requests, checkout
+
+
+def test_normal_episode_runs_tool_and_stops(episode):
+    script = [tool_call("bash", json.dumps({"command": "echo edited > out.txt"})), text("Done.")]
+    outcome, _, requests, checkout = episode(script)
+    assert outcome.stop_reason == "stop" and outcome.ok
+    assert (outcome.turns, outcome.tool_calls, outcome.tool_failures) == (2, 1, 0)
+    assert (checkout / "out.txt").read_text() == "edited\n"
+    assert len(requests) == 2, "no extra (e.g. compaction) calls may reach the policy server"
+    assert requests[0]["max_completion_tokens"] == 256
+    assert [t["function"]["name"] for t in requests[0]["tools"]] == ["read", "bash", "edit", "write"]
+
+
+def test_http_500_is_recorded_error(episode):
+    outcome, elapsed, requests, _ = episode([http_error(500)], retries=1)
+    assert outcome.stop_reason == "error" and not outcome.ok
+    assert "500" in (outcome.error or "")
+    assert outcome.retries == 1 and len(requests) == 2  # pi's one retry, no hidden client retries
+    assert elapsed < 30
+
+
+def test_stalled_stream_hits_wall_clock(episode):
+    outcome, elapsed, _, _ = episode([stall()], wall_clock_s=6)
+    assert outcome.stop_reason == "timeout"
+    assert "wall clock" in outcome.error
+    assert 6 <= elapsed < 6 + 10
+
+
+def test_hanging_tool_command_is_killed_with_its_children(episode):
+    script = [tool_call("bash", json.dumps({"command": "sleep 300 & sleep 300"})), text("never")]
+    outcome, elapsed, _, _ = episode(script, wall_clock_s=6)
+    assert outcome.stop_reason == "timeout"
+    assert elapsed < 6 + 10
+
+
+def test_tool_call_cut_off_by_length(episode):
+    script = [tool_call("write", '{"path": "new.py", "content": "def g(', finish_reason="length")]
+    outcome, elapsed, _, _ = episode(script)
+    # pi itself would run the truncated call and loop on; the episode must end at the cut
+    assert outcome.stop_reason == "length" and not outcome.ok
+    assert "max_tokens" in outcome.error
+    assert outcome.turns == 1
+    assert elapsed < 15
+
+
+def test_garbage_tool_arguments_become_tool_failure(episode):
+    script = [tool_call("edit", "{{{not json at all"), text("I give up.")]
+    outcome, _, requests, _ = episode(script)
+    assert outcome.stop_reason == "stop"
+    assert outcome.tool_failures == 1 and outcome.tool_calls == 1
+    tool_msgs = [m for m in requests[1]["messages"] if m["role"] == "tool"]
+    assert tool_msgs, "the failure must be reported back to the model"
+
+
+def test_turn_cap_ends_looping_agent(episode):
+    outcome, _, requests, _ = episode([tool_call("bash", '{"command": "true"}')], max_turns=3)
+    assert outcome.stop_reason == "max_turns"
+    assert outcome.turns >= 4
