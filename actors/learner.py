@@ -156,7 +156,17 @@ class Learner:
 
     def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
         """One optimizer step over all samples; loss = sum over trained tokens / their count."""
-        self._check(samples)
+        error = None
+        try:
+            self._check(samples)
+        except ValueError as e:
+            error = e
+        if self.world_size > 1:  # every rank must learn of a bad shard, or the others hang in all-reduce
+            bad = self._all_reduce(torch.tensor([float(error is not None)], device=self.device))
+            if error is None and bad.item() > 0:
+                raise ValueError("another learner rank rejected its share of the batch; step skipped")
+        if error is not None:
+            raise error
         start = time.perf_counter()
         reset_peak_memory(self.device)
         cfg = self.cfg
@@ -164,6 +174,9 @@ class Learner:
         total_tokens = int(self._all_reduce(torch.tensor([float(local_tokens)], device=self.device)).item())
         if total_tokens == 0:
             raise ValueError("train_step got no trained tokens (every loss_mask is all zeros)")
+        for p in self.params:  # a rank with no local tokens still all-reduces (zero) gradients
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         self.optimizer.zero_grad(set_to_none=False)
         # fp32 sums: loss, clipped tokens, ratio, kl
         stats = torch.zeros(4, dtype=torch.float64, device=self.device)

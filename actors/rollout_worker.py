@@ -55,6 +55,11 @@ class RequestStream:
         return await self._queue.get()
 
 
+def _deliver(pairs: list[tuple[Any, Any]]) -> None:
+    for q, item in pairs:
+        q.put_nowait(item)
+
+
 @dataclass
 class _Call:
     fn: Callable[[Any], Any]
@@ -148,14 +153,23 @@ class EngineLoop:
                     stream.put(e)
                 self._streams.clear()
                 continue
+            # One wake-up per event loop per step, however many of its requests advanced.
+            batched: dict[Any, list[tuple[Any, Any]]] = {}
             for out in outputs:
                 stream = self._streams.get(out.request_id)
                 if stream is None:
                     continue
-                stream.put(out)
+                items = [out]
                 if out.finished:
                     del self._streams[out.request_id]
-                    stream.put(None)
+                    items.append(None)
+                if stream._loop is None:
+                    for item in items:
+                        stream.put(item)
+                else:
+                    batched.setdefault(stream._loop, []).extend((stream._queue, item) for item in items)
+            for loop, pairs in batched.items():
+                loop.call_soon_threadsafe(_deliver, pairs)
         for stream in self._streams.values():
             stream.put(RuntimeError("engine loop stopped"))
 
@@ -234,26 +248,25 @@ class RolloutWorker:
                 raise ValueError("generate() got an empty prompt")
             params = self.sampling_params(self.max_tokens_for(len(prompt), max_tokens))
             jobs.append([self.loop.submit(list(prompt), params, self.lora_request)[1] for _ in range(n)])
-        return [[_collect(prompt, stream) for stream in streams] for prompt, streams in zip(prompts, jobs)]
+        return [[collect_completion(prompt, stream) for stream in streams] for prompt, streams in zip(prompts, jobs)]
 
     def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         """log p(token_i | prefix) under the served policy (active LoRA included); 0.0 at index 0."""
         if len(token_ids) > self.cfg.max_model_len - 1:
             raise ValueError(f"prompt_logprobs: {len(token_ids)} tokens do not fit "
                              f"rollout.max_model_len={self.cfg.max_model_len} (needs one slot to generate)")
-        from vllm.sampling_params import RequestOutputKind
-        params = self.sampling_params(1, prompt_logprobs=0, logprobs=None,
-                                      output_kind=RequestOutputKind.FINAL_ONLY)
-        _, stream = self.loop.submit(list(token_ids), params, self.lora_request)
+        _, stream = self.loop.submit(list(token_ids), self.scoring_params(), self.lora_request)
         final = None
         while (item := stream.get()) is not None:
             if isinstance(item, BaseException):
                 raise item
             final = item
-        out = [0.0]
-        for tok, entry in zip(token_ids[1:], final.prompt_logprobs[1:]):
-            out.append(float(entry[tok].logprob))
-        return out
+        return scored_logprobs(final, token_ids)
+
+    def scoring_params(self):
+        """One-token request that returns the prompt's own log-probs (raw, unconstrained)."""
+        from vllm.sampling_params import RequestOutputKind
+        return self.sampling_params(1, prompt_logprobs=0, logprobs=None, output_kind=RequestOutputKind.FINAL_ONLY)
 
     # --- weight sync ----------------------------------------------------------------
     def load_lora_adapter(self, path: str) -> None:
@@ -337,7 +350,7 @@ class RolloutWorker:
         self.loop.stop()
 
 
-def _collect(prompt: list[int], stream: RequestStream) -> Completion:
+def collect_completion(prompt: list[int], stream: RequestStream) -> Completion:
     """Accumulate one request's delta outputs into a Completion."""
     token_ids: list[int] = []
     logprobs: list[float] = []
@@ -354,6 +367,11 @@ def _collect(prompt: list[int], stream: RequestStream) -> Completion:
             finish = out.finish_reason
     return Completion(prompt_token_ids=list(prompt), token_ids=token_ids, logprobs=logprobs,
                       text="".join(text), finish_reason=finish)
+
+
+def scored_logprobs(final, token_ids: list[int]) -> list[float]:
+    """Per-token prompt log-probs of a scoring request's final output; 0.0 at index 0."""
+    return [0.0] + [float(entry[tok].logprob) for tok, entry in zip(token_ids[1:], final.prompt_logprobs[1:])]
 
 
 def sampled_logprobs(out) -> list[float]:

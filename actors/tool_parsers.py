@@ -82,6 +82,7 @@ def template_messages(request: ChatCompletionRequest) -> list[dict[str, Any]]:
 
 
 def template_tools(request: ChatCompletionRequest) -> list[dict] | None:
+    """Tools exactly as vLLM's renderer hands them to the template (`model_dump()`)."""
     if not request.tools:
         return None
-    return [t.model_dump(exclude_none=True) for t in request.tools]
+    return [t.model_dump() for t in request.tools]

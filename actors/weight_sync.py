@@ -1,30 +1,14 @@
 """Learner -> rollout-worker weight sync. One class per strategy.
 
-Both strategies hand the workers a folder on the worker's own node: the LoRA adapter is
-small, so it travels as bytes through the object store (works across nodes); merged
-weights are large, so they go through a path the workers can read (one node, or shared
-storage on a cluster).
+Both strategies publish the new policy under the run directory, which every node must be
+able to read (it holds the checkpoints too: on a cluster it lives on shared storage).
 """
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 
 import ray
-
-
-def read_folder(path: str) -> dict[str, bytes]:
-    return {p.relative_to(path).as_posix(): p.read_bytes() for p in Path(path).rglob("*") if p.is_file()}
-
-
-def write_folder(files: dict[str, bytes], path: str) -> str:
-    root = Path(path)
-    shutil.rmtree(root, ignore_errors=True)
-    for name, data in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_bytes(data)
-    return str(root)
 
 
 class WeightSync:
@@ -38,15 +22,16 @@ class WeightSync:
 
 
 class LoraAdapterSync(WeightSync):
-    """Hot-load the LoRA adapter; every load gets a fresh adapter id in the worker."""
+    """Hot-load the LoRA adapter; the worker gives every load a fresh adapter id, so vLLM's
+    adapter cache can never keep serving the previous one."""
     name = "lora"
 
     def sync(self, learner, workers: list, step: int) -> None:
-        staging = tempfile.mkdtemp(prefix=f"adapter-{step}-")
-        path = ray.get(learner.save_adapter.remote(staging))
-        files_ref = ray.put(read_folder(path))
-        shutil.rmtree(staging, ignore_errors=True)
-        ray.get([w.load_lora_adapter_files.remote(files_ref, f"step_{step}") for w in workers])
+        root = self.run_dir / "adapters"
+        path = ray.get(learner.save_adapter.remote(str(root / f"step_{step:06d}")))
+        ray.get([w.load_lora_adapter.remote(path) for w in workers])
+        for old in sorted(root.glob("step_*"))[:-1]:
+            shutil.rmtree(old)
 
 
 class MergedWeightsSync(WeightSync):
@@ -54,9 +39,8 @@ class MergedWeightsSync(WeightSync):
     name = "merged"
 
     def sync(self, learner, workers: list, step: int) -> None:
-        path = self.run_dir / "merged_weights"
-        ray.get(learner.save_merged.remote(str(path)))
-        ray.get([w.reload_weights.remote(str(path)) for w in workers])
+        path = ray.get(learner.save_merged.remote(str(self.run_dir / "merged_weights")))
+        ray.get([w.reload_weights.remote(path) for w in workers])
 
 
 STRATEGIES = {cls.name: cls for cls in (LoraAdapterSync, MergedWeightsSync)}

@@ -28,6 +28,8 @@ VARIANTS = {
     "chunked+tile": {"loss_impl": "chunked", "mlp_tile_tokens": 4096},
     "chunked+offload": {"loss_impl": "chunked", "activation_offload": True},
     "chunked+offload+tile": {"loss_impl": "chunked", "activation_offload": True, "mlp_tile_tokens": 4096},
+    "chunked512+offload+tile": {"loss_impl": "chunked", "activation_offload": True, "mlp_tile_tokens": 4096,
+                                "logit_chunk_tokens": 512},
 }
 
 # Qwen3.5-4B text model (hidden 2560, 32 layers: 3 Gated-DeltaNet per full-attention layer)
@@ -67,10 +69,10 @@ def worker(args) -> None:
     if device.type == "cuda" and args.cap_gib:
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(args.cap_gib * 2**30 / total, device)
-    lcfg = LearnerConfig(**VARIANTS[args.variant], lora_rank=16, lora_alpha=32,
-                         lora_target_modules=args.lora_targets.split(","),
-                         logit_chunk_tokens=args.logit_chunk, micro_batch_tokens=max(args.lengths_list),
-                         torch_threads=args.threads)
+    fields = dict(lora_rank=16, lora_alpha=32, lora_target_modules=args.lora_targets.split(","),
+                  logit_chunk_tokens=args.logit_chunk, micro_batch_tokens=max(args.lengths_list),
+                  torch_threads=args.threads)
+    lcfg = LearnerConfig(**{**fields, **VARIANTS[args.variant]})
     mcfg = ModelConfig()
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     t0 = time.perf_counter()

@@ -28,7 +28,7 @@ from envs.sdist import SdistInfo, lookup, pristine_tree
 from envs.tasks import Task
 from envs.testrun import BASE_PYTEST, run_tests
 
-MIN_BODY_LINES = 3
+MIN_BODY_LINES = 2   # a one-line body (`return x`) is too trivial to be a task
 COVERAGE_RC = "[run]\nbranch = False\n[json]\nshow_contexts = True\n"
 
 
@@ -55,15 +55,23 @@ class MiningReport:
     seconds: float = 0.0
 
 
-def find_packages(tree: Path) -> list[str]:
-    return sorted(p.name for p in tree.iterdir()
-                  if p.is_dir() and (p / "__init__.py").exists() and not is_test_path(p.name + "/x.py"))
+def find_packages(tree: Path) -> tuple[str, list[str]]:
+    """(source root relative to the tree, its top-level packages): flat or src/ layout."""
+    for root in ("", "src"):
+        base = tree / root
+        if not base.is_dir():
+            continue
+        pkgs = sorted(p.name for p in base.iterdir()
+                      if p.is_dir() and (p / "__init__.py").exists() and not is_test_path(p.name + "/x.py"))
+        if pkgs:
+            return root, pkgs
+    return "", []
 
 
-def function_candidates(tree: Path, packages: list[str]) -> list[Candidate]:
+def function_candidates(tree: Path, packages: list[str], src_root: str = "") -> list[Candidate]:
     out = []
     for pkg in packages:
-        for path in sorted((tree / pkg).rglob("*.py")):
+        for path in sorted((tree / src_root / pkg).rglob("*.py")):
             rel = str(path.relative_to(tree))
             if is_test_path(rel):
                 continue
@@ -94,8 +102,9 @@ def stub_for(c: Candidate) -> str:
     return f'{c.indent}raise NotImplementedError("{c.qualname} is not implemented yet")\n'
 
 
-def problem_statement(library: str, c: Candidate) -> str:
-    dotted = c.module_path[:-3].replace("/", ".").removesuffix(".__init__")
+def problem_statement(library: str, c: Candidate, src_root: str = "") -> str:
+    module = c.module_path[len(src_root) + 1:] if src_root else c.module_path
+    dotted = module[:-3].replace("/", ".").removesuffix(".__init__")
     return (f"Implement `{dotted}.{c.qualname}` in {c.module_path}: its body was removed and now raises "
             f"NotImplementedError; its signature and docstring say what it must do. Make the "
             f"repository's tests pass without changing the tests.")
@@ -112,11 +121,11 @@ def _coverage_contexts(sandbox: Sandbox, checkout: Path, packages: list[str], te
     if not run.finished:
         raise RuntimeError(f"coverage run did not finish:\n{run.output[-3000:]}")
     res = sandbox.run_argv(["python", "-m", "coverage", "json", "--rcfile=.rlvr-coveragerc",
-                            "-o", "/tmp/cov.json", "-q"], timeout_s)
-    cat = sandbox.run_argv(["cat", "/tmp/cov.json"], 60, max_output_chars=1 << 30)
-    if res.exit_code != 0 or cat.exit_code != 0:
-        raise RuntimeError(f"coverage json failed: {res.output[-2000:]}")
-    data = json.loads(cat.output)
+                            "-o", ".rlvr-cov.json", "-q"], timeout_s)
+    report = checkout / ".rlvr-cov.json"
+    if res.exit_code != 0 or not report.is_file() or report.is_symlink():
+        raise RuntimeError(f"coverage json failed (exit {res.exit_code}): {res.output[-2000:]}")
+    data = json.loads(report.read_text())
     out: dict[str, dict[int, set[str]]] = {}
     for fname, info in data["files"].items():
         ctx = info.get("contexts", {})
@@ -131,10 +140,10 @@ def mine(library: str, version: str | None = None, work_root: str | Path = "/tmp
     t0 = time.monotonic()
     info: SdistInfo = lookup(library, version)
     tree = pristine_tree(info)
-    packages = find_packages(tree)
+    src_root, packages = find_packages(tree)
     if not packages:
-        raise ValueError(f"{info.filename}: no top-level package directory found")
-    test_command = list(BASE_PYTEST)
+        raise ValueError(f"{info.filename}: no package directory found at the top or under src/")
+    test_command = list(BASE_PYTEST) + (["-o", f"pythonpath={src_root}"] if src_root else [])
     report = MiningReport(library, info.version)
     root = Path(work_root)
     root.mkdir(parents=True, exist_ok=True)
@@ -162,7 +171,7 @@ def mine(library: str, version: str | None = None, work_root: str | Path = "/tmp
         log(f"[mine] {info.filename}: {len(stable)} stable passing tests, {report.flaky_tests} flaky, "
             f"{len(runs[0].outcomes) - len(runs[0].passed)} not passing")
         contexts = _coverage_contexts(sb0, co0, packages, test_command, timeout_s)
-        cands = function_candidates(tree, packages)
+        cands = function_candidates(tree, packages, src_root)
         report.functions = len(cands)
         kept: list[Candidate] = []
         seen_bodies: set[str] = set()
@@ -211,7 +220,7 @@ def mine(library: str, version: str | None = None, work_root: str | Path = "/tmp
                 sdist_url=info.url, module_path=c.module_path, qualname=c.qualname,
                 body_start_line=c.start, body_end_line=c.end, original_body=c.body, stub_body=stub,
                 fail_to_pass=f2p, pass_to_pass=sorted(stable - set(f2p)), test_command=test_command,
-                problem_statement=problem_statement(library, c),
+                problem_statement=problem_statement(library, c, src_root),
                 meta={"candidate_tests": len(c.tests), "body_lines": c.end - c.start + 1})
 
         # each worker owns one workspace: probe i runs in workspace i % workers, so split by it

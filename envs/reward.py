@@ -86,6 +86,9 @@ def build_verify_tree(task: Task, checkout: Path, pristine: Path, dest: Path, fi
 def compute_reward(task: Task, checkout: Path, pristine: Path, scratch: Path, uid: int,
                    limits: Limits, timeout_s: float, per_test_timeout_s: float) -> RewardResult:
     start = time.monotonic()
+    if not checkout.is_dir():
+        return RewardResult(0.0, {"reason": "checkout missing"}, error=f"the checkout {checkout} is gone; "
+                            "the environment broke during the episode", seconds=time.monotonic() - start)
     files = changed_sources(task, checkout, pristine)
     if not files:
         return RewardResult(0.0, {"reason": "no source file was edited"}, edited=False,

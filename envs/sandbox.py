@@ -133,7 +133,8 @@ class Sandbox:
             cmd += ["--ro-bind", str(host), str(inside)]
         for host, inside in extra_rw_binds:
             cmd += ["--bind", str(host), str(inside)]
-        cmd += ["--chdir", INSIDE_REPO, "--clearenv"]
+        # the root is bwrap's own tmpfs (in RAM, unbounded): read-only, so it can't fill memory
+        cmd += ["--remount-ro", "/", "--chdir", INSIDE_REPO, "--clearenv"]
         full_env = {"PATH": f"{py}/bin:/usr/local/bin:/usr/bin:/bin", "HOME": INSIDE_TMP,
                     "TMPDIR": INSIDE_TMP, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
                     "PYTHONUNBUFFERED": "1"}

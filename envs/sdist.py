@@ -33,14 +33,16 @@ class SdistInfo:
 
 def lookup(library: str, version: str | None = None) -> SdistInfo:
     """The sdist's file name, URL and digest from PyPI's JSON API."""
-    api = f"{PYPI_JSON}/{library}/json" if version is None else f"{PYPI_JSON}/{library}/{version}/json"
+    api = f"{PYPI_JSON}/{library}/json"   # per-version JSON is missing on some mirrors: use releases
     with urllib.request.urlopen(api, timeout=60) as resp:
         data = json.load(resp)
-    sdists = [u for u in data["urls"] if u["packagetype"] == "sdist"]
+    version = version or data["info"]["version"]
+    files = data.get("releases", {}).get(version) or (data["urls"] if version == data["info"]["version"] else [])
+    sdists = [u for u in files if u["packagetype"] == "sdist"]
     if not sdists:
-        raise ValueError(f"{library} {data['info']['version']} publishes no sdist on PyPI")
+        raise ValueError(f"{library} {version} publishes no sdist on PyPI")
     u = sdists[0]
-    return SdistInfo(library, data["info"]["version"], u["filename"], u["digests"]["sha256"],
+    return SdistInfo(library, version, u["filename"], u["digests"]["sha256"],
                      urllib.parse.urljoin(api, u["url"]))
 
 

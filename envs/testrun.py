@@ -15,6 +15,7 @@ from envs.sandbox import Sandbox
 PLUGIN_DIR = Path(__file__).parent / "verify_plugin"
 INSIDE_PLUGIN = "/rlvr/plugin"
 
+MAX_CHANNEL_BYTES = 32 * 1024 * 1024
 BASE_PYTEST = ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "rlvr_verify"]
 
 
@@ -42,13 +43,19 @@ def run_tests(sandbox: Sandbox, test_command: Sequence[str], nodeids: Sequence[s
     read_fd, write_fd = os.pipe()
     nonce = secrets.token_hex(16)
     chunks: list[bytes] = []
+    flooded = []
 
-    def drain() -> None:
+    def drain() -> None:   # keeps reading to EOF, but stores a bounded amount (the channel is untrusted)
+        size = 0
         while True:
             data = os.read(read_fd, 1 << 16)
             if not data:
                 break
-            chunks.append(data)
+            size += len(data)
+            if size <= MAX_CHANNEL_BYTES:
+                chunks.append(data)
+            elif not flooded:
+                flooded.append(size)
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
@@ -83,6 +90,8 @@ def run_tests(sandbox: Sandbox, test_command: Sequence[str], nodeids: Sequence[s
         elif rec.get("finished"):
             run.finished = True
             run.tampered.extend(rec.get("tampered", []))
+    if flooded:
+        run.tampered.append(f"result channel flooded past {MAX_CHANNEL_BYTES} bytes")
     if run.forged_lines:
         run.tampered.append(f"{run.forged_lines} unsigned lines on the result channel")
     return run

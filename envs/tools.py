@@ -260,7 +260,7 @@ class Tools:
             text = text.encode()[-MAX_BYTES:].decode("utf-8", errors="ignore")
         if res.truncated or len(lines) > MAX_LINES:
             text += f"\n\n[Output truncated: showing the last part of {res.total_output_bytes} bytes of output]"
-        if not text.strip():
+        if not text:
             text = "(no output)"
         if res.output_limit_hit:
             raise ToolError(text + f"\n\nCommand killed: it printed more than {res.total_output_bytes} bytes")

@@ -29,7 +29,7 @@ class RolloutConfig(Section):
     num_gpus: float = Field(0.0, ge=0, description="GPU fraction per worker (0 on CPU)")
     num_cpus: float = Field(1.0, gt=0, description="always explicit: a GPU-only actor still reserves 1 CPU")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
-    max_model_len: int = Field(2048, ge=128)
+    max_model_len: int = Field(4096, ge=128)
     enforce_eager: bool = True
     sleep_level: Literal[0, 1, 2] = 1  # 0 = never sleep; on CPU sleep is a logged no-op
     cpu_kvcache_gib: int = Field(1, ge=1)
@@ -137,6 +137,8 @@ class EvalConfig(Section):
     scaffold: Literal["native", "pi"] = "pi"
     out_dir: str = "runs/eval"
     max_tasks: int | None = Field(None, ge=1)
+    parallel: int | None = Field(None, ge=1, description="episodes at once; default: every env slot")
+    model_id: str = Field("policy", description="model name the scaffold asks the policy server for")
 
 
 class RunConfig(Section):
@@ -166,7 +168,7 @@ class RunConfig(Section):
             raise ValueError(
                 f"rollout.max_tokens={self.rollout.max_tokens} leaves no room for a prompt in "
                 f"rollout.max_model_len={self.rollout.max_model_len}; lower max_tokens or raise max_model_len")
-        if self.scaffold.max_episode_tokens > self.rollout.max_model_len:
+        if self.task.kind == "coding" and self.scaffold.max_episode_tokens > self.rollout.max_model_len:
             raise ValueError(
                 f"scaffold.max_episode_tokens={self.scaffold.max_episode_tokens} is larger than the "
                 f"context rollout.max_model_len={self.rollout.max_model_len}; lower it or raise max_model_len")
@@ -199,8 +201,10 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 def _format_errors(err: ValidationError, source: str) -> str:
     lines = [f"invalid config ({source}):"]
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "<root>"
-        if e["type"] == "extra_forbidden":
+        key = ".".join(str(p) for p in e["loc"])
+        if not key:  # a cross-field check: its message names the keys
+            lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
+        elif e["type"] == "extra_forbidden":
             lines.append(f"  {key}: unknown key (check the spelling; see rl/config.py for the valid keys)")
         else:
             lines.append(f"  {key}: {e['msg']} (got {e.get('input')!r})")

@@ -22,8 +22,8 @@ class LengthRollouts:
     def __init__(self, cfg: RunConfig, tokenizer, workers: list):
         self.cfg = cfg
         self.workers = workers
-        self.prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}],
-                                                      add_generation_prompt=True, tokenize=True)
+        self.prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                                      tokenize=True, return_dict=True)["input_ids"]
                         for p in LENGTH_PROMPTS]
 
     def group_specs(self, step: int) -> list[tuple[str, int]]:

@@ -15,22 +15,19 @@ def length_reward(completion: Completion, max_tokens: int) -> float:
     return max(0.0, 1.0 - len(completion.token_ids) / max_tokens)
 
 
-# Prompts for the loop-closure run: open-ended, so the base model tends to ramble.
+# Prompts for the loop-closure run: short questions the base model answers at very
+# different lengths (measured: 4..48+ tokens for one prompt), so groups have reward variance.
 LENGTH_PROMPTS = [
-    "Tell me about the history of the printing press.",
-    "Explain how a hash map works.",
-    "Describe your favourite city and why you like it.",
-    "Write a short story about a lighthouse keeper.",
-    "What are the benefits of regular exercise?",
-    "Explain recursion to a beginner programmer.",
-    "Describe the water cycle.",
-    "What makes a good team leader?",
-    "Explain what a compiler does.",
-    "Describe how bread is made.",
-    "Why is the sky blue?",
-    "Give advice to someone learning to cook.",
-    "Explain the rules of chess briefly.",
-    "What is machine learning?",
-    "Describe a day at the beach.",
-    "How do airplanes fly?",
+    "Say hi.",
+    "Name a fruit.",
+    "Is water wet?",
+    "What is the capital of France?",
+    "Name an animal.",
+    "Name a color.",
+    "Say goodbye.",
+    "Name a country.",
+    "What is your name?",
+    "Give me one word.",
+    "Name a planet.",
+    "Name a vegetable.",
 ]

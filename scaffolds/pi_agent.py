@@ -6,7 +6,10 @@ stream, so the outcome is judged from its JSON event stream (the last assistant 
 tree is ended. Its `message_update` events repeat the whole partial message each time (quadratic
 in length), so stdout is parsed line by line and those lines are never stored.
 
-`run_pi_episode` is the single entry point for training, evaluation and best-of-N. Where pi
+`run_pi_episode` is the single entry point for training, evaluation and best-of-N (via
+`run_pi_in_env` / `run_pi_episode_on_actor` where the checkout lives on an EnvActor). The
+system prompt defaults to the one the native scaffold renders (scaffolds/system_prompt.py),
+passed with --system-prompt so a repository's `.pi/SYSTEM.md` cannot replace it. Where pi
 runs is a `Launcher`: `HostLauncher` (a plain process group, for development) or
 `SandboxLauncher` (inside the episode's sandbox, reaching the policy server through a
 forwarded unix socket; see scaffolds/socket_forward.py).
@@ -29,6 +32,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from rl.config import ScaffoldConfig
 from scaffolds import socket_forward
+from scaffolds.outcome import EpisodeOutcome
+from scaffolds.system_prompt import CODING_SYSTEM_PROMPT
 from scaffolds.socket_forward import UnixToTcp
 
 RLVR_HOME = Path(os.environ.get("RLVR_HOME", "/opt/agentic-rlvr"))
@@ -36,8 +41,8 @@ PI_PACKAGE = "@mariozechner/pi-coding-agent"
 PROVIDER = "local"
 MARKER_ENV = "RLVR_EPISODE_MARKER"  # tags every process of one episode, so none can be missed at cleanup
 STOP_REASONS = ("stop", "length", "toolUse", "error", "aborted")  # pi's own
-# ours, when pi did not end the episode itself:
-TIMEOUT, MAX_TURNS, CRASHED = "timeout", "max_turns", "crashed"
+# ours, when pi did not end the episode itself (names shared with the native scaffold):
+WALL_CLOCK, MAX_TURNS = "wall_clock", "max_turns"
 
 
 def pi_cli_path() -> Path:
@@ -53,13 +58,8 @@ def node_path() -> str:
 
 
 @dataclass
-class EpisodeOutcome:
-    stop_reason: str               # one of STOP_REASONS, or timeout / max_turns / crashed
-    turns: int                     # assistant messages
-    tool_calls: int
-    tool_failures: int
-    seconds: float
-    error: str | None = None
+class PiEpisodeOutcome(EpisodeOutcome):
+    """The scaffold-neutral outcome plus what only pi reports."""
     events_path: str | None = None
     retries: int = 0               # pi's own auto-retries after provider errors
     exit_code: int | None = None
@@ -87,6 +87,8 @@ class PiEventStream:
     final_text: str = ""
     bad_lines: int = 0
     tool_names: list[str] = field(default_factory=list)
+    max_turns: int | None = None
+    halt_reason: str | None = None
     halted: threading.Event = field(default_factory=threading.Event)
 
     def feed(self, line: str) -> None:
@@ -115,7 +117,9 @@ class PiEventStream:
                 self.final_text = "".join(texts)
                 if self.stop_reason == "length":
                     # pi would still run a truncated tool call and carry on; the episode ends here
-                    self.halted.set()
+                    self._halt("length")
+                elif self.stop_reason == "toolUse" and self.max_turns and self.turns >= self.max_turns:
+                    self._halt(MAX_TURNS)  # stop before pi asks the policy for another turn
         elif kind == "tool_execution_end":
             self.tool_calls += 1
             self.tool_names.append(str(event.get("toolName")))
@@ -123,6 +127,10 @@ class PiEventStream:
                 self.tool_failures += 1
         elif kind == "auto_retry_start":
             self.retries += 1
+
+    def _halt(self, reason: str) -> None:
+        self.halt_reason = reason
+        self.halted.set()
 
     def _write(self, event: dict) -> None:
         if self.log is not None:
@@ -259,7 +267,10 @@ class SandboxLauncher:
             stdout=subprocess.PIPE, stderr=stderr)
 
     def stop(self, proc):
-        self.sandbox.kill(proc)
+        # Sandbox.kill would also close stdout under the reader thread; the group kill is the
+        # same: bwrap's death collapses the sandbox's pid namespace.
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait()
 
     def cleanup(self):
         if self._bridge is not None:
@@ -302,7 +313,7 @@ def run_pi_episode(launcher: Launcher, task_prompt: str, base_url: str, model_id
                    cfg: ScaffoldConfig, *, context_window: int, max_tokens: int,
                    events_path: str | Path | None = None, system_prompt: str | None = None,
                    checkout: str | Path | None = None, retries: int = 1,
-                   poll_s: float = 0.05) -> EpisodeOutcome:
+                   poll_s: float = 0.05) -> PiEpisodeOutcome:
     """Run pi for one episode and judge it from its events.
 
     base_url is the episode's OpenAI base (e.g. `<server>/episodes/<id>/v1`), as seen from the
@@ -324,7 +335,7 @@ def run_pi_episode(launcher: Launcher, task_prompt: str, base_url: str, model_id
     start = time.monotonic()
     try:
         with open(events_file, "w") as log, open(work / "stderr.txt", "wb") as err:
-            stream = PiEventStream(log=log)
+            stream = PiEventStream(log=log, max_turns=cfg.max_turns)
             config_dir, inside_config_dir, inside_url = launcher.prepare(work, base_url)
             write_pi_config(config_dir, inside_url, model_id, context_window, max_tokens, retries)
             env["PI_CODING_AGENT_DIR"] = inside_config_dir
@@ -347,11 +358,9 @@ def _drive(launcher: Launcher, proc: subprocess.Popen, stream: PiEventStream, cf
     ended_by = None
     while proc.poll() is None:
         if time.monotonic() >= deadline:
-            ended_by = TIMEOUT
-        elif stream.turns > cfg.max_turns:
-            ended_by = MAX_TURNS
+            ended_by = WALL_CLOCK
         elif stream.halted.is_set():
-            ended_by = stream.stop_reason
+            ended_by = stream.halt_reason
         if ended_by:
             launcher.stop(proc)
             break
@@ -370,13 +379,13 @@ def _pump(proc: subprocess.Popen, stream: PiEventStream) -> None:
 
 
 def _judge(stream: PiEventStream, ended_by: str | None, exit_code: int | None, seconds: float,
-           stderr_tail: str, events_path: str | None, cfg: ScaffoldConfig) -> EpisodeOutcome:
-    if ended_by == TIMEOUT:
-        stop, error = TIMEOUT, f"wall clock {cfg.wall_clock_s:.0f}s reached after {stream.turns} turns"
+           stderr_tail: str, events_path: str | None, cfg: ScaffoldConfig) -> PiEpisodeOutcome:
+    if ended_by == WALL_CLOCK:
+        stop, error = WALL_CLOCK, f"wall clock {cfg.wall_clock_s:.0f}s reached after {stream.turns} turns"
     elif ended_by == MAX_TURNS:
         stop, error = MAX_TURNS, f"turn cap scaffold.max_turns={cfg.max_turns} reached"
     elif stream.stop_reason is None:
-        stop = CRASHED
+        stop = "error"
         error = f"pi exited {exit_code} without an assistant message; stderr: {stderr_tail.strip()[-500:]}"
     else:
         stop = stream.stop_reason
@@ -385,7 +394,35 @@ def _judge(stream: PiEventStream, ended_by: str | None, exit_code: int | None, s
             error = "model output cut off by max_tokens (finish_reason=length)"
         if exit_code not in (0, None) and error is None:
             error = f"pi exited {exit_code}; stderr: {stderr_tail.strip()[-500:]}"
-    return EpisodeOutcome(stop_reason=stop, turns=stream.turns, tool_calls=stream.tool_calls,
+    return PiEpisodeOutcome(stop_reason=stop, turns=stream.turns, tool_calls=stream.tool_calls,
                           tool_failures=stream.tool_failures, seconds=round(seconds, 3), error=error,
                           events_path=events_path, retries=stream.retries, exit_code=exit_code,
                           final_text=stream.final_text[-2000:])
+
+
+def run_pi_in_env(env, task_prompt: str, base_url: str, model_id: str, cfg: ScaffoldConfig,
+                  context_window: int, max_tokens: int, events_path: str | None = None,
+                  system_prompt: str | None = CODING_SYSTEM_PROMPT) -> PiEpisodeOutcome:
+    """One pi episode inside a CodingEnv's sandbox (runs where the env lives, on its EnvActor)."""
+    launcher = SandboxLauncher(env.sandbox, cpu_s=int(cfg.wall_clock_s) + 5)
+    return run_pi_episode(launcher, task_prompt, base_url, model_id, cfg, context_window=context_window,
+                          max_tokens=max_tokens, events_path=events_path, system_prompt=system_prompt,
+                          checkout=env.checkout)
+
+
+def run_pi_episode_on_actor(env_actor, env_episode: str, task_prompt: str, base_url: str, model_id: str,
+                            cfg: ScaffoldConfig, context_window: int | None = None,
+                            max_tokens: int | None = None, events_path: str | None = None,
+                            system_prompt: str | None = CODING_SYSTEM_PROMPT) -> PiEpisodeOutcome:
+    """Run one pi episode on the EnvActor that holds the episode's checkout (Ray handle).
+
+    context_window/max_tokens go into pi's model entry; they default to the rollout config's
+    defaults (pass the run's rollout.max_model_len / rollout.max_tokens)."""
+    import ray
+
+    from rl.config import RolloutConfig
+    defaults = RolloutConfig()
+    return ray.get(env_actor.run_in_episode.remote(
+        env_episode, run_pi_in_env, task_prompt, base_url, model_id, cfg,
+        context_window or defaults.max_model_len, max_tokens or defaults.max_tokens, events_path,
+        system_prompt))

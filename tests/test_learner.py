@@ -173,11 +173,13 @@ def test_saved_adapter_and_merged_model_reproduce_the_policy(tmp_path):
     from rl.default_model import resolve_model_path
 
     path = resolve_model_path("default")
-    learner = Learner(path, make_cfg(lr=1e-3, logit_chunk_tokens=64), ModelConfig(), seed=0)
+    learner = Learner(path, make_cfg(lr=1e-2, logit_chunk_tokens=64), ModelConfig(), seed=0)
     tok = AutoTokenizer.from_pretrained(path)
     ids = tok("def add(a, b):\n    return a + b\n")["input_ids"]
-    sample = TrainSample(ids, [0] * 4 + [1] * (len(ids) - 4), [0.0] * 4 + [-2.0] * (len(ids) - 4), advantage=1.0)
-    learner.train_step([sample])
+    on_policy = learner.sequence_logprobs(ids)
+    sample = TrainSample(ids, [0] * 4 + [1] * (len(ids) - 4), [0.0] * 4 + on_policy[4:], advantage=1.0)
+    for _ in range(2):
+        learner.train_step([sample])
     want = torch.tensor(learner.sequence_logprobs(ids)[1:])
 
     def logprobs(model):

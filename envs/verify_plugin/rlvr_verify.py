@@ -62,6 +62,21 @@ def _snapshot() -> dict:
     return snap
 
 
+def _status(excinfo) -> str:
+    if excinfo is None:
+        return "ok"
+    if excinfo.errisinstance(pytest.skip.Exception):
+        return "skipped"
+    return "failed"
+
+
+def _identity(item) -> tuple[int, int]:
+    """The test's function and its code (unwrapping bound methods, which are new each access)."""
+    obj = getattr(item, "obj", None)
+    fn = getattr(obj, "__func__", obj)
+    return id(fn), id(getattr(fn, "__code__", None))
+
+
 class _Verifier:
     def __init__(self) -> None:
         import _pytest.runner  # noqa: F401  (make sure the machinery is loaded before the snapshot)
@@ -83,27 +98,28 @@ class _Verifier:
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items) -> None:
         for item in items:
-            obj = getattr(item, "obj", None)
-            self.items[item.nodeid] = (id(obj), id(getattr(obj, "__code__", None)))
+            self.items[item.nodeid] = _identity(item)
         self._check("collection")
 
     @pytest.hookimpl(hookwrapper=True, tryfirst=True)
     def pytest_runtest_makereport(self, item, call):
-        excinfo = call.excinfo
-        if excinfo is None:
-            status = "ok"
-        elif excinfo.errisinstance(pytest.skip.Exception):
-            status = "skipped"
-        else:
-            status = "failed"
-        self.phases.setdefault(item.nodeid, {})[call.when] = status
+        before = _status(call.excinfo)
         yield
+        # unittest items attach their exception to `call` inside pytest's own makereport hook,
+        # so look again afterwards; either look seeing a failure makes the phase fail
+        after = _status(call.excinfo)
+        status = "failed" if "failed" in (before, after) else "skipped" if "skipped" in (before, after) else "ok"
+        self.phases.setdefault(item.nodeid, {})[call.when] = status
         if call.when == "teardown":
             self._finish(item)
 
+    def pytest_runtest_logreport(self, report) -> None:
+        # reports can only downgrade an outcome (e.g. a failed subtest), never upgrade one
+        if report.failed:
+            self.phases.setdefault(report.nodeid, {})["report"] = "failed"
+
     def _finish(self, item) -> None:
-        obj = getattr(item, "obj", None)
-        if self.items.get(item.nodeid) != (id(obj), id(getattr(obj, "__code__", None))):
+        if self.items.get(item.nodeid) != _identity(item):
             self.tampered.append(f"{item.nodeid}: test function replaced")
         self._check(item.nodeid)
         ph = self.phases.get(item.nodeid, {})

@@ -1,0 +1,371 @@
+"""OpenAI-compatible chat server over a RolloutWorker's engine, recording every call.
+
+Any OpenAI client (pi included) is pointed at one episode by its base URL,
+`{base}/episodes/<episode_id>/v1`. For each choice served the recorder keeps the prompt
+token ids the engine consumed and the completion ids and sampled log-probs exactly as
+generated, so training never re-tokenizes text. Sampling comes from the run's config, not
+the client; `max_tokens` is clamped to the context left instead of being rejected.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+from vllm.entrypoints.generate.base.protocol import DeltaMessage, FunctionCall, ToolCall
+from vllm.entrypoints.openai.chat_completion.protocol import (
+    ChatCompletionNamedToolChoiceParam,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionResponseChoice,
+    ChatCompletionResponseStreamChoice,
+    ChatCompletionStreamResponse,
+    ChatMessage,
+)
+from vllm.entrypoints.serve.engine.protocol import UsageInfo
+from vllm.exceptions import VLLMClientError
+from vllm.sampling_params import RequestOutputKind
+
+from actors.tool_parsers import ToolCallFormat, template_messages, template_tools
+from rl.config import ModelConfig, RolloutConfig
+from rl.types import CallRecord
+
+if TYPE_CHECKING:
+    from actors.rollout_worker import RolloutWorker
+
+log = logging.getLogger("rlvr.policy_server")
+
+
+class CallRecorder:
+    """Per-episode call log, shared by the server thread and the actor's method calls."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._calls: dict[str, list[CallRecord]] = {}
+
+    def add(self, episode_id: str, records: list[CallRecord]) -> None:
+        with self._lock:
+            self._calls.setdefault(episode_id, []).extend(records)
+
+    def take(self, episode_id: str) -> list[CallRecord]:
+        with self._lock:
+            return self._calls.pop(episode_id, [])
+
+
+class BadRequest(ValueError):
+    """The client's request cannot be served; the message says why."""
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+
+
+@dataclass
+class _Choice:
+    """One sampled choice while it streams: what was generated and what was sent."""
+    index: int
+    request_id: str
+    stream: Any
+    parser: Any
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
+    tools_streamed: bool = False
+
+
+class PolicyServer:
+    def __init__(self, worker: "RolloutWorker", rollout: RolloutConfig, model: ModelConfig) -> None:
+        self.worker = worker
+        self.cfg = rollout
+        self.tokenizer = worker.tokenizer
+        self.format = ToolCallFormat(self.tokenizer, model.tool_call_parser, rollout.tool_strict_level)
+        self.recorder = CallRecorder()
+        self.app = self._build_app()
+        self.base_url = ""
+        self._uvicorn = None
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle ------------------------------------------------------------------
+    def start(self) -> None:
+        import uvicorn
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.cfg.server_host, self.cfg.server_port))
+        port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app, log_level="warning", access_log=False, timeout_keep_alive=60)
+        self._uvicorn = uvicorn.Server(config)
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._uvicorn.serve(sockets=[sock])),
+                                        name="policy-server", daemon=True)
+        self._thread.start()
+        deadline = time.time() + 30
+        while not self._uvicorn.started:
+            if not self._thread.is_alive() or time.time() > deadline:
+                raise RuntimeError(f"policy server did not start on {self.cfg.server_host}:{port}")
+            time.sleep(0.02)
+        self.base_url = f"http://{_advertised_host(self.cfg.server_host)}:{port}"
+        log.info("policy server at %s (episodes: %s/episodes/<id>/v1)", self.base_url, self.base_url)
+
+    def stop(self) -> None:
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+            self._thread.join(timeout=10)
+
+    # --- HTTP -----------------------------------------------------------------------
+    def _build_app(self) -> FastAPI:
+        app = FastAPI(title="agentic-rlvr policy server")
+
+        @app.get("/health")
+        async def health() -> dict:
+            return {"ok": True}
+
+        @app.get("/episodes/{episode_id}/v1/models")
+        async def models(episode_id: str) -> dict:
+            return {"object": "list", "data": [{"id": self.worker.model_path, "object": "model",
+                                                "owned_by": "agentic-rlvr"}]}
+
+        @app.post("/episodes/{episode_id}/v1/chat/completions")
+        async def chat(episode_id: str, raw: Request):
+            try:
+                body = await raw.json()
+            except json.JSONDecodeError as e:
+                return _error(400, f"request body is not JSON: {e}")
+            try:
+                request, prompt_ids, params, n = self.prepare(body)
+            except BadRequest as e:
+                return _error(400, str(e))
+            if request.stream:
+                return StreamingResponse(self._stream(episode_id, request, prompt_ids, params, n),
+                                         media_type="text/event-stream")
+            return await self._complete(episode_id, request, prompt_ids, params, n)
+
+        return app
+
+    def prepare(self, body: Any) -> tuple[ChatCompletionRequest, list[int], Any, int]:
+        """Validate, apply the run's sampling, render the prompt, build SamplingParams."""
+        if not isinstance(body, dict):
+            raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
+        body = dict(body)
+        n = body.pop("n", None) or 1
+        if not isinstance(n, int) or n < 1:
+            raise BadRequest(f"n must be a positive integer, got {n!r}")
+        # The run's sampling overrides the client's; per-token logprobs are always recorded.
+        body.update(temperature=self.cfg.temperature, top_p=self.cfg.top_p, seed=None,
+                    logprobs=True, top_logprobs=0)
+        if self.cfg.tool_choice != "client" and body.get("tools"):
+            body["tool_choice"] = self.cfg.tool_choice
+        try:
+            request = ChatCompletionRequest.model_validate(body)
+            request = self.format.adjust(request)
+        except ValidationError as e:
+            raise BadRequest(_validation_message(e)) from None
+        except (ValueError, VLLMClientError) as e:  # vLLM's checks, e.g. a named tool not in `tools`
+            raise BadRequest(str(e)) from None
+        try:
+            text = self.tokenizer.apply_chat_template(
+                template_messages(request), tools=template_tools(request), tokenize=False,
+                add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message,
+                **(request.chat_template_kwargs or {}))
+        except Exception as e:  # template errors are the client's messages' fault
+            raise BadRequest(f"chat template could not render the messages: {type(e).__name__}: {e}") from None
+        prompt_ids = self.tokenizer.encode(text, add_special_tokens=False)
+        requested = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
+        try:
+            max_tokens = self.worker.max_tokens_for(len(prompt_ids), requested)
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
+        params = request.to_sampling_params(max_tokens, {})
+        params.output_kind = RequestOutputKind.DELTA
+        return request, prompt_ids, params, n
+
+    def _submit(self, request: ChatCompletionRequest, prompt_ids: list[int], params, n: int) -> list[_Choice]:
+        loop = asyncio.get_running_loop()
+        choices = []
+        for i in range(n):
+            request_id, stream = self.worker.loop.submit(prompt_ids, params, self.worker.lora_request, loop=loop)
+            choices.append(_Choice(i, request_id, stream, self.format.parser(request)))
+        return choices
+
+    @staticmethod
+    def _absorb(choice: _Choice, out) -> Any:
+        from actors.rollout_worker import sampled_logprobs
+        o = out.outputs[0]
+        choice.token_ids.extend(o.token_ids)
+        choice.logprobs.extend(sampled_logprobs(o))
+        choice.text.append(o.text)
+        if o.finish_reason is not None:
+            choice.finish_reason = o.finish_reason
+        return o
+
+    def _records(self, request: ChatCompletionRequest, prompt_ids: list[int], choices: list[_Choice],
+                 seconds: float) -> tuple[list[CallRecord], list[tuple[str | None, list[dict], str]]]:
+        records, parsed = [], []
+        for c in choices:
+            text = "".join(c.text)
+            content, tool_calls = self.format.parse(request, text, c.token_ids)
+            finish = _finish_reason(request, c.finish_reason or "abort", bool(tool_calls))
+            parsed.append((content, tool_calls, finish))
+            records.append(CallRecord(prompt_token_ids=list(prompt_ids), completion_token_ids=c.token_ids,
+                                       logprobs=c.logprobs, finish_reason=finish, content=content or "",
+                                       tool_calls=tool_calls, seconds=seconds))
+        return records, parsed
+
+    async def _unconstrained_logprobs(self, prompt_ids: list[int], choice: _Choice) -> None:
+        """Replace a guided choice's logprobs with the policy's own (grammar mask not applied).
+
+        Under guided decoding the engine reports log-probs of the masked distribution (a
+        forced token scores 0.0), while the learner scores the plain policy; the importance
+        ratio needs both sides computed the same way, so the served policy re-scores the
+        sampled tokens once, in the same batch loop.
+        """
+        from actors.rollout_worker import scored_logprobs
+        ids = prompt_ids + choice.token_ids
+        # A scoring request needs one free slot; a call that filled the context keeps the
+        # engine's value for its very last token.
+        fit = ids[:self.cfg.max_model_len - 1]
+        _, stream = self.worker.loop.submit(fit, self.worker.scoring_params(), self.worker.lora_request,
+                                            loop=asyncio.get_running_loop())
+        final = None
+        while (item := await stream.aget()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            final = item
+        rescored = scored_logprobs(final, fit)[len(prompt_ids):]
+        choice.logprobs = rescored + choice.logprobs[len(rescored):]
+
+    async def _finish(self, episode_id: str, request, prompt_ids, params, choices, t0: float):
+        """Record a completed call (after re-scoring guided output) and return the parsed choices."""
+        if params.structured_outputs is not None:
+            for c in choices:
+                if c.token_ids:
+                    await self._unconstrained_logprobs(prompt_ids, c)
+        records, parsed = self._records(request, prompt_ids, choices, time.time() - t0)
+        self.recorder.add(episode_id, records)
+        return parsed
+
+    async def _complete(self, episode_id, request, prompt_ids, params, n) -> JSONResponse:
+        t0 = time.time()
+        choices = self._submit(request, prompt_ids, params, n)
+        try:
+            for c in choices:
+                while (item := await c.stream.aget()) is not None:
+                    if isinstance(item, BaseException):
+                        return _error(500, f"generation failed: {type(item).__name__}: {item}", "server_error")
+                    self._absorb(c, item)
+        except asyncio.CancelledError:
+            for c in choices:
+                self.worker.loop.abort(c.request_id)
+            raise
+        parsed = await self._finish(episode_id, request, prompt_ids, params, choices, t0)
+        out = [ChatCompletionResponseChoice(
+            index=c.index, finish_reason=finish,
+            message=ChatMessage(role="assistant", content=content,
+                                tool_calls=[ToolCall(id=tc["id"], function=FunctionCall(**tc["function"]))
+                                            for tc in tool_calls]))
+            for c, (content, tool_calls, finish) in zip(choices, parsed)]
+        completion_tokens = sum(len(c.token_ids) for c in choices)
+        resp = ChatCompletionResponse(model=request.model or self.worker.model_path, choices=out,
+                                      usage=UsageInfo(prompt_tokens=len(prompt_ids), completion_tokens=completion_tokens,
+                                                      total_tokens=len(prompt_ids) + completion_tokens))
+        return JSONResponse(resp.model_dump(exclude_none=True))
+
+    async def _stream(self, episode_id, request, prompt_ids, params, n):
+        t0 = time.time()
+        chunk_id = f"chatcmpl-{uuid.uuid4().hex}"
+        model = request.model or self.worker.model_path
+        choices = self._submit(request, prompt_ids, params, n)
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def pump(c: _Choice) -> None:
+            while True:
+                item = await c.stream.aget()
+                await merged.put((c, item))
+                if item is None or isinstance(item, BaseException):
+                    return
+
+        def sse(choice_list: list, usage: UsageInfo | None = None) -> str:
+            chunk = ChatCompletionStreamResponse(id=chunk_id, model=model, choices=choice_list, usage=usage)
+            return f"data: {chunk.model_dump_json(exclude_unset=True, exclude_none=True)}\n\n"
+
+        pumps = [asyncio.create_task(pump(c)) for c in choices]
+        failed: BaseException | None = None
+        recorded = False
+        try:
+            for c in choices:
+                yield sse([ChatCompletionResponseStreamChoice(index=c.index, delta=DeltaMessage(role="assistant", content=""))])
+            open_streams = len(choices)
+            while open_streams:
+                c, item = await merged.get()
+                if item is None:
+                    open_streams -= 1
+                    continue
+                if isinstance(item, BaseException):
+                    failed, open_streams = item, open_streams - 1
+                    continue
+                o = self._absorb(c, item)
+                finished = o.finish_reason is not None
+                if c.parser is not None:
+                    delta = c.parser.parse_delta(o.text, list(o.token_ids), request, prompt_ids, finished=finished)
+                else:
+                    delta = DeltaMessage(content=o.text) if o.text else None
+                if delta is not None and delta.tool_calls:
+                    c.tools_streamed = True
+                if finished:
+                    finish = _finish_reason(request, o.finish_reason, c.tools_streamed)
+                    yield sse([ChatCompletionResponseStreamChoice(index=c.index, delta=delta or DeltaMessage(),
+                                                                  finish_reason=finish)])
+                elif delta is not None and (delta.content or delta.tool_calls):
+                    yield sse([ChatCompletionResponseStreamChoice(index=c.index, delta=delta)])
+            if failed is not None:
+                yield f"data: {json.dumps({'error': {'message': f'generation failed: {failed}', 'type': 'server_error', 'code': 500}})}\n\n"
+                return
+            # Recorded before the stream ends: a client that read [DONE] finds its call in the log.
+            await self._finish(episode_id, request, prompt_ids, params, choices, t0)
+            recorded = True
+            if request.stream_options is not None and request.stream_options.include_usage:
+                completion_tokens = sum(len(c.token_ids) for c in choices)
+                yield sse([], UsageInfo(prompt_tokens=len(prompt_ids), completion_tokens=completion_tokens,
+                                        total_tokens=len(prompt_ids) + completion_tokens))
+            yield "data: [DONE]\n\n"
+        finally:
+            for task in pumps:
+                task.cancel()
+            if not recorded:  # client went away mid-stream, or generation failed
+                for c in choices:
+                    if c.finish_reason is None:
+                        self.worker.loop.abort(c.request_id)
+                records, _ = self._records(request, prompt_ids, choices, time.time() - t0)
+                self.recorder.add(episode_id, records)
+
+
+def _finish_reason(request: ChatCompletionRequest, engine_reason: str, called_tools: bool) -> str:
+    """OpenAI's convention: "tool_calls" for auto/required calls, "stop" for a named one."""
+    named = isinstance(request.tool_choice, ChatCompletionNamedToolChoiceParam)
+    if called_tools and engine_reason == "stop" and not named:
+        return "tool_calls"
+    return engine_reason
+
+
+def _validation_message(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "request"
+        parts.append(f"{loc}: {e['msg']}")
+    return "invalid chat completion request: " + "; ".join(parts)
+
+
+def _advertised_host(bind_host: str) -> str:
+    if bind_host not in ("0.0.0.0", "::", ""):
+        return bind_host
+    import ray
+    return ray.util.get_node_ip_address() if ray.is_initialized() else socket.gethostbyname(socket.gethostname())

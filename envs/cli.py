@@ -1,0 +1,61 @@
+"""`rlvr tasks ...`: mine task files from PyPI sdists, inspect them, write a run's split."""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("tasks", help="mine and manage coding tasks")
+    sub = p.add_subparsers(dest="tasks_command", required=True)
+
+    m = sub.add_parser("mine", help="mine stub-a-function tasks from a library's sdist (sandboxed)")
+    m.add_argument("library", help="PyPI name, e.g. toolz")
+    m.add_argument("--version", default=None, help="default: latest")
+    m.add_argument("--out", default=None, help="JSONL path (default: configs/tasks/<library>.jsonl)")
+    m.add_argument("--limit", type=int, default=None, help="probe at most this many functions")
+    m.add_argument("--workers", type=int, default=2)
+    m.add_argument("--work-root", default="/tmp/agentic-rlvr-work")
+    m.set_defaults(func=_mine)
+
+    s = sub.add_parser("split", help="write a run's train/test split (once; refuses a different one)")
+    s.add_argument("tasks_file")
+    s.add_argument("--run-dir", required=True)
+    s.add_argument("--train-fraction", type=float, default=0.8)
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=_split)
+
+    i = sub.add_parser("info", help="summarize a task file")
+    i.add_argument("tasks_file")
+    i.set_defaults(func=_info)
+
+
+def _mine(args: argparse.Namespace) -> int:
+    from envs.mining import mine
+    from envs.tasks import save_tasks
+    out = Path(args.out or f"configs/tasks/{args.library}.jsonl")
+    tasks, report = mine(args.library, args.version, work_root=args.work_root, workers=args.workers,
+                         limit=args.limit)
+    save_tasks(tasks, out)
+    out.with_suffix(".report.json").write_text(json.dumps(asdict(report), indent=1))
+    print(f"wrote {len(tasks)} tasks to {out}")
+    return 0 if tasks else 1
+
+
+def _split(args: argparse.Namespace) -> int:
+    from envs.split import write_split
+    from envs.tasks import load_tasks
+    split = write_split(args.run_dir, load_tasks(args.tasks_file), args.train_fraction, args.seed)
+    print(f"{args.run_dir}/split.json: {len(split.train)} train, {len(split.test)} test")
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from envs.tasks import load_tasks
+    tasks = load_tasks(args.tasks_file)
+    f2p = [len(t.fail_to_pass) for t in tasks]
+    print(f"{len(tasks)} tasks; libraries {sorted({t.library for t in tasks})}; "
+          f"FAIL_TO_PASS per task min {min(f2p, default=0)} max {max(f2p, default=0)}")
+    return 0

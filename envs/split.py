@@ -1,0 +1,74 @@
+"""Train/test firewall: the split is written once, at the training entry point, and
+evaluation refuses any task the run trained on."""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from envs.tasks import Task
+
+SPLIT_FILE = "split.json"
+
+
+class TrainedOnError(ValueError):
+    """Evaluation was asked to score a task that the run trained on."""
+
+
+@dataclass
+class Split:
+    train: list[str]
+    test: list[str]
+    train_fraction: float
+    seed: int
+
+
+def _make(tasks: list[Task], train_fraction: float, seed: int) -> Split:
+    if not 0 < train_fraction < 1:
+        raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
+    ids = sorted(t.id for t in tasks)
+    if len(set(ids)) != len(ids):
+        raise ValueError("duplicate task ids: a task could land on both sides of the split")
+    random.Random(seed).shuffle(ids)
+    n_train = max(1, min(len(ids) - 1, round(len(ids) * train_fraction))) if len(ids) > 1 else len(ids)
+    return Split(train=sorted(ids[:n_train]), test=sorted(ids[n_train:]),
+                 train_fraction=train_fraction, seed=seed)
+
+
+def write_split(run_dir: str | Path, tasks: list[Task], train_fraction: float, seed: int) -> Split:
+    """Write the run's split, or return the existing one if it is identical.
+
+    Refuses to replace an existing, different split: a resumed run must not train on what
+    an earlier split held out.
+    """
+    path = Path(run_dir) / SPLIT_FILE
+    split = _make(tasks, train_fraction, seed)
+    if path.exists():
+        existing = load_split(run_dir)
+        if existing != split:
+            raise ValueError(f"{path} already holds a different split (seed {existing.seed}, fraction "
+                             f"{existing.train_fraction}, {len(existing.train)} train tasks); a run's split "
+                             "is written once. Use a new run directory, or the same tasks/seed/fraction.")
+        return existing
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(split), indent=1))
+    tmp.replace(path)
+    return split
+
+
+def load_split(run_dir: str | Path) -> Split:
+    path = Path(run_dir) / SPLIT_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"no split at {path}: it is written when training starts")
+    return Split(**json.loads(path.read_text()))
+
+
+def assert_not_trained_on(run_dir: str | Path, task_ids: list[str]) -> None:
+    """Raise TrainedOnError naming the overlap if any task id was in the run's training split."""
+    train = set(load_split(run_dir).train)
+    overlap = sorted(set(task_ids) & train)
+    if overlap:
+        raise TrainedOnError(f"refusing to evaluate {len(overlap)} task(s) the run in {run_dir} trained on, "
+                             f"e.g. {overlap[0]}; evaluate only its held-out tasks (split.json 'test')")

@@ -1,0 +1,110 @@
+"""Two Learner actors under real Ray with gloo: replicas agree and equal one learner on the whole batch."""
+import os
+import random
+
+import pytest
+import torch
+
+from rl.config import RunConfig
+from rl.types import TrainSample
+
+VOCAB = 128
+
+
+@pytest.fixture(scope="module")
+def tiny_model_path(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    path = tmp_path_factory.mktemp("tiny-llama-dp")
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False,
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"]}})
+    yield ray
+    ray.shutdown()
+
+
+def samples(n: int, seed: int) -> list[TrainSample]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        length = rng.randint(10, 40)
+        prompt = rng.randint(2, 6)
+        ids = [rng.randrange(VOCAB) for _ in range(length)]
+        out.append(TrainSample(ids, [0] * prompt + [1] * (length - prompt),
+                               [0.0] * prompt + [-rng.uniform(3, 6) for _ in range(length - prompt)],
+                               advantage=rng.choice([-1.0, 0.5, 1.0]), group_id=str(i // 2)))
+    return out
+
+
+def run_cfg(n: int) -> RunConfig:
+    return RunConfig.model_validate({"learner": {
+        "num_learners": n, "num_cpus": 1, "lora_rank": 4, "lora_alpha": 8, "lr": 2e-2,
+        "logit_chunk_tokens": 16, "micro_batch_tokens": 64}})
+
+
+def test_split_by_tokens_balances_and_keeps_every_sample():
+    from actors.learner_group import split_by_tokens
+
+    batch = samples(9, seed=5)
+    shards = split_by_tokens(batch, 2)
+    assert sorted(id(s) for sh in shards for s in sh) == sorted(id(s) for s in batch)
+    loads = [sum(len(s.token_ids) for s in sh) for sh in shards]
+    assert abs(loads[0] - loads[1]) <= max(len(s.token_ids) for s in batch)
+
+
+def test_group_replicas_agree_and_match_single_learner(ray_cluster, tiny_model_path, tmp_path):
+    from actors.learner import Learner
+    from actors.learner_group import LearnerGroup
+
+    ray = ray_cluster
+    cfg = run_cfg(2)
+    batches = [samples(6, seed=1), samples(5, seed=2)]
+    group = LearnerGroup(cfg, tiny_model_path)
+    single = Learner(tiny_model_path, run_cfg(1).learner, cfg.model, seed=cfg.trainer.seed)
+    try:
+        init = ray.get(group.replica_refs("lora_state"))
+        for k in init[0]:
+            torch.testing.assert_close(init[0][k], init[1][k], rtol=0, atol=0)
+
+        metrics = [group.train_step(batches[0]), ray.get(group.train_step.remote(batches[1]))]
+        expected = [single.train_step(b) for b in batches]
+        for got, want in zip(metrics, expected):
+            for key in ("loss", "grad_norm", "clip_frac", "ratio_mean", "tokens"):
+                assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+
+        rank0, rank1 = ray.get(group.replica_refs("lora_state"))
+        reference = single.lora_state()
+        moved = 0.0
+        for k in rank0:
+            torch.testing.assert_close(rank0[k], rank1[k], rtol=0, atol=0, msg=k)  # replicas identical
+            torch.testing.assert_close(rank0[k], reference[k], rtol=1e-4, atol=1e-5, msg=k)
+            moved = max(moved, (rank0[k] - init[0][k]).abs().max().item())
+        assert moved > 1e-3  # the steps changed the LoRA
+
+        ids = batches[0][0].token_ids
+        torch.testing.assert_close(torch.tensor(group.sequence_logprobs(ids)),
+                                   torch.tensor(single.sequence_logprobs(ids)), rtol=1e-4, atol=1e-5)
+        adapter = ray.get(group.save_adapter.remote(str(tmp_path / "adapter")))
+        assert os.path.isfile(os.path.join(adapter, "adapter_model.safetensors"))
+        assert group.num_trainable_params() == single.num_trainable_params()
+    finally:
+        group.shutdown()
+
+
+def test_group_rejects_a_single_learner_config(tiny_model_path):
+    from actors.learner_group import LearnerGroup
+
+    with pytest.raises(ValueError, match="num_learners >= 2"):
+        LearnerGroup(run_cfg(1), tiny_model_path)

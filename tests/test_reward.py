@@ -1,0 +1,144 @@
+"""Execution reward on real mined toolz tasks, verified in the sandbox on a pristine copy."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.envs_fixtures import episode, replace_body, task_by_qualname, toolz_tasks
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return toolz_tasks()
+
+
+@pytest.fixture(scope="module")
+def merge_task(tasks):
+    return task_by_qualname(tasks, "merge")
+
+
+WRONG_MERGE = """\
+    rv = {}
+    for d in dicts:
+        rv.update(d)
+    return rv
+"""
+
+
+def test_original_body_scores_full(merge_task):
+    with episode(merge_task) as env:
+        replace_body(env, merge_task.original_body)
+        r = env.reward()
+    assert r.reward == 1.0 and r.edited and r.error is None, r
+    assert r.tests_passed == r.tests_total == len(merge_task.fail_to_pass) + len(merge_task.pass_to_pass)
+
+
+def test_stub_without_edit_scores_zero(merge_task):
+    with episode(merge_task) as env:
+        env.call_tool("bash", {"command": "python -m pytest -q -x toolz/tests/test_dicttoolz.py; true"})
+        r = env.reward()
+    assert r.reward == 0.0 and not r.edited and r.parts["reason"] == "no source file was edited"
+
+
+def test_wrong_implementation_gets_partial_credit(merge_task):
+    with episode(merge_task) as env:
+        replace_body(env, WRONG_MERGE)
+        r = env.reward()
+    assert 0.0 < r.reward < 1.0, r
+    assert r.parts["p2p_failed"] == 0 and r.parts["f2p_passed"] < r.parts["f2p_total"]
+
+
+def test_breaking_an_unrelated_test_scores_zero(tasks, merge_task):
+    other = task_by_qualname(tasks, "frequencies")
+    assert set(other.fail_to_pass) <= set(merge_task.pass_to_pass)
+    with episode(merge_task) as env:
+        replace_body(env, merge_task.original_body)
+        res = env.call_tool("edit", {"path": other.module_path,
+                                     "edits": [{"oldText": other.original_body, "newText": other.stub_body}]})
+        assert not res.is_error, res.content
+        r = env.reward()
+    assert r.reward == 0.0 and r.parts["p2p_failed"] >= 1 and "previously passing" in r.error
+
+
+def test_test_and_conftest_edits_are_ignored(merge_task):
+    with episode(merge_task) as env:
+        env.call_tool("write", {"path": "conftest.py", "content":
+                                "import pytest\n@pytest.hookimpl(hookwrapper=True)\n"
+                                "def pytest_runtest_makereport(item, call):\n"
+                                "    call.excinfo = None\n    yield\n"})
+        env.call_tool("write", {"path": "toolz/tests/test_dicttoolz.py", "content": "def test_ok():\n    pass\n"})
+        r = env.reward()
+    assert r.reward == 0.0 and not r.edited
+
+
+def test_infinite_loop_is_bounded_and_recorded(merge_task):
+    with episode(merge_task, test_timeout_s=1.0, verify_timeout_s=120.0) as env:
+        replace_body(env, "    while True:\n        pass\n")
+        start = time.monotonic()
+        r = env.reward()
+    assert time.monotonic() - start < 90
+    assert r.reward == 0.0 and r.parts["f2p_passed"] == 0, r
+
+
+def test_verification_wall_clock_is_a_failure_not_a_hang(merge_task):
+    with episode(merge_task, test_timeout_s=60.0, verify_timeout_s=3.0) as env:
+        replace_body(env, "    import time\n    time.sleep(1000)\n")
+        start = time.monotonic()
+        r = env.reward()
+    assert time.monotonic() - start < 20
+    assert r.reward == 0.0 and r.parts["timed_out"] and "timed out" in r.error
+
+
+PATCH_REPORTS = """\
+import _pytest.reports as _r
+
+_orig = _r.TestReport.from_item_and_call.__func__
+
+
+def _always_passed(cls, item, call):
+    rep = _orig(cls, item, call)
+    rep.outcome = "passed"
+    rep.longrepr = None
+    return rep
+
+
+_r.TestReport.from_item_and_call = classmethod(_always_passed)
+"""
+
+SWALLOW_EXCEPTIONS = """\
+import _pytest.runner as _run
+
+_orig_from_call = _run.CallInfo.from_call.__func__
+
+
+def _from_call(cls, func, when, reraise=None):
+    info = _orig_from_call(cls, func, when, reraise)
+    info.excinfo = None
+    return info
+
+
+_run.CallInfo.from_call = classmethod(_from_call)
+"""
+
+
+@pytest.mark.parametrize("attack", [PATCH_REPORTS, SWALLOW_EXCEPTIONS], ids=["patch-report", "swallow-exc"])
+def test_pytest_tampering_does_not_earn_reward(merge_task, attack):
+    """A wrong implementation that patches pytest from the module under test."""
+    with episode(merge_task) as env:
+        replace_body(env, "    return None\n")
+        res = env.call_tool("edit", {"path": merge_task.module_path, "edits": [
+            {"oldText": "def merge(", "newText": attack + "\n\ndef merge("}]})
+        assert not res.is_error, res.content
+        # the attack is real: pytest's own summary reports success for the wrong code
+        plain = env.call_tool("bash", {"command": "python -m pytest -q -p no:cacheprovider toolz/tests/test_dicttoolz.py 2>&1 | tail -1"})
+        r = env.reward()
+    assert "failed" not in plain.content and "passed" in plain.content, plain.content
+    assert r.reward == 0.0 and "tampering" in (r.error or ""), r
+
+
+def test_exiting_the_test_process_early_earns_nothing(merge_task):
+    with episode(merge_task) as env:
+        replace_body(env, "    import os\n    os._exit(0)\n")
+        r = env.reward()
+    assert r.reward == 0.0 and r.error, r
