@@ -124,6 +124,8 @@ class EnvActor:
     def shutdown(self) -> None:
         for eid in list(self._episodes):
             self.close_episode(eid)
+        if self.work_root.is_dir() and not any(self.work_root.iterdir()):
+            self.work_root.rmdir()
 
 
 def _claim_uid_block(work_root: Path, max_blocks: int = 64) -> tuple[int, Any]:

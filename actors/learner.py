@@ -22,7 +22,7 @@ import torch.distributed as dist
 from rl.config import LearnerConfig, ModelConfig
 from rl.fused_logprob import chunked_target_logprobs, naive_target_logprobs
 from rl.grpo import grpo_token_loss
-from rl.learner_memory import peak_memory_gib, reset_peak_memory, tile_mlps
+from rl.learner_memory import peak_memory_gib, reset_peak_memory, segment_linear_attention, tile_mlps
 from rl.types import TrainSample
 
 ADAPTER_NAME = "default"
@@ -111,6 +111,8 @@ class Learner:
             raise ValueError("learner.activation_offload=true needs learner.gradient_checkpointing=true")
         if cfg.mlp_tile_tokens > 0:
             tile_mlps(self.decoder, cfg.mlp_tile_tokens)
+        if cfg.linear_attn_segment_tokens > 0:
+            segment_linear_attention(self.decoder, cfg.linear_attn_segment_tokens)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if world_size > 1:
             for p in self.params:

@@ -344,10 +344,16 @@ class RolloutWorker:
                 "eos_token_id": self.tokenizer.eos_token_id, "max_model_len": self.cfg.max_model_len}
 
     def shutdown(self) -> None:
+        """Stop server and engine and release vLLM's process-global state, so a later
+        engine in the same process starts clean (an in-process engine shares it)."""
         if self._server is not None:
             self._server.stop()
             self._server = None
         self.loop.stop()
+        self.loop.engine.engine_core.shutdown()
+        self.loop.engine = None
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+        cleanup_dist_env_and_memory()
 
 
 def collect_completion(prompt: list[int], stream: RequestStream) -> Completion:

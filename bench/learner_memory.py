@@ -28,6 +28,10 @@ VARIANTS = {
     "chunked+tile": {"loss_impl": "chunked", "mlp_tile_tokens": 4096},
     "chunked+offload": {"loss_impl": "chunked", "activation_offload": True},
     "chunked+offload+tile": {"loss_impl": "chunked", "activation_offload": True, "mlp_tile_tokens": 4096},
+    "chunked+offload+tile+seg": {"loss_impl": "chunked", "activation_offload": True, "mlp_tile_tokens": 4096,
+                                 "linear_attn_segment_tokens": 4096},
+    "chunked512+offload+tile+seg": {"loss_impl": "chunked", "activation_offload": True, "mlp_tile_tokens": 4096,
+                                    "linear_attn_segment_tokens": 4096, "logit_chunk_tokens": 512},
     "chunked512+offload+tile": {"loss_impl": "chunked", "activation_offload": True, "mlp_tile_tokens": 4096,
                                 "logit_chunk_tokens": 512},
 }

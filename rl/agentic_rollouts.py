@@ -99,7 +99,9 @@ class AgenticRollouts:
         cfg = self.cfg.scaffold
         if cfg.name == "pi":
             from scaffolds.pi_agent import run_pi_episode_on_actor
-            return run_pi_episode_on_actor(env, env_episode, task.problem_statement, url, SERVED_MODEL, cfg)
+            return run_pi_episode_on_actor(env, env_episode, task.problem_statement, url, SERVED_MODEL, cfg,
+                                           context_window=self.cfg.rollout.max_model_len,
+                                           max_tokens=self.cfg.rollout.max_tokens)
         from scaffolds.native import run_native_episode
         cwd = ray.get(env.sandbox_cwd.remote(env_episode))
         return run_native_episode(url, SERVED_MODEL, env, env_episode, task.problem_statement, cwd, cfg)

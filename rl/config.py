@@ -67,6 +67,7 @@ class LearnerConfig(Section):
     gradient_checkpointing: bool = True
     activation_offload: bool = Field(False, description="keep checkpointed layer inputs in host memory (needs gradient_checkpointing)")
     mlp_tile_tokens: int = Field(0, ge=0, description="run decoder MLPs in sequence tiles of this many tokens; 0 = off")
+    linear_attn_segment_tokens: int = Field(0, ge=0, description="Gated-DeltaNet layers: checkpointed sequence segments (multiple of 64); 0 = off")
     torch_threads: int = Field(1, ge=1)
 
     @model_validator(mode="after")

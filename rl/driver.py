@@ -158,7 +158,7 @@ class Trainer:
                  "clipped_ratio": statistics.fmean(float(r.get("clipped", False)) for r in records)}
         if any("tool_calls" in r for r in records):
             calls = sum(r.get("tool_calls", 0) for r in records)
-            stats["tools_failure_frequency"] = sum(r.get("tool_failures", 0) for r in records) / max(calls, 1)
+            stats["tools/failure_frequency"] = sum(r.get("tool_failures", 0) for r in records) / max(calls, 1)
             stats["frac_edited"] = statistics.fmean(float(r.get("edited", False)) for r in records)
             stats["turns_mean"] = statistics.fmean(r.get("turns", 0) for r in records)
         return samples, stats

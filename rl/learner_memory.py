@@ -1,4 +1,5 @@
-"""Activation-memory savers for long sequences: sequence-tiled MLP and peak-memory readings.
+"""Activation-memory savers for long sequences: sequence-tiled MLP, segmented linear
+attention, and peak-memory readings.
 
 With gradient checkpointing, the backward of one decoder layer recomputes that layer and
 holds all its intermediates at once; at 32k tokens the MLP's [tokens, intermediate] tensors
@@ -7,9 +8,11 @@ dominate. Tiling the MLP over the sequence keeps one tile's intermediates alive 
 from __future__ import annotations
 
 import re
+import sys
 from typing import Callable
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 
 class _TiledMLP(torch.autograd.Function):
@@ -59,6 +62,52 @@ def tile_mlps(model: torch.nn.Module, tile_tokens: int) -> int:
     if count == 0:
         raise ValueError("mlp tiling found no 'layers.<i>.mlp' modules in this model; set learner.mlp_tile_tokens=0")
     return count
+
+
+def _segmented_delta_rule(inner: Callable, segment: int) -> Callable:
+    """Run the chunked gated delta rule in checkpointed segments, carrying the recurrent state.
+
+    The PyTorch delta rule keeps fp32 copies of q/k/v and per-chunk intermediates for the whole
+    sequence; per-segment checkpoints keep one segment's worth alive in backward. Segments are
+    multiples of the rule's 64-token chunk, so the result equals the unsegmented call.
+    """
+    def call(kw, q, k, v, g, beta, state):
+        return inner(q, k, v, g=g, beta=beta, initial_state=state, output_final_state=True, **kw)
+
+    def run(query, key, value, g, beta, initial_state=None, output_final_state=False, **kw):
+        length = query.shape[1]
+        if length <= segment or not torch.is_grad_enabled() or kw.get("cu_seqlens") is not None:
+            return inner(query, key, value, g=g, beta=beta, initial_state=initial_state,
+                         output_final_state=output_final_state, **kw)
+        outs, state = [], initial_state
+        for s in range(0, length, segment):
+            part = slice(s, s + segment)
+            out, state = checkpoint(call, kw, query[:, part], key[:, part], value[:, part], g[:, part],
+                                    beta[:, part], state, use_reentrant=False)
+            outs.append(out)
+        return torch.cat(outs, dim=1), (state if output_final_state else None)
+
+    run.segmented = True
+    return run
+
+
+def segment_linear_attention(model: torch.nn.Module, segment_tokens: int) -> int:
+    """Patch every Gated-DeltaNet layer (Qwen3.5 / Qwen3-Next) to run in sequence segments."""
+    if segment_tokens % 64:
+        raise ValueError(f"learner.linear_attn_segment_tokens={segment_tokens} must be a multiple of 64 "
+                         f"(the delta rule's chunk size)")
+    layers = [m for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet")]
+    if not layers:
+        raise ValueError("learner.linear_attn_segment_tokens > 0, but the model has no Gated-DeltaNet layers; set it to 0")
+    for layer in layers:
+        module = sys.modules[type(layer).__module__]
+        fn = getattr(module, "torch_chunk_gated_delta_rule", None)
+        if fn is not None and not getattr(fn, "segmented", False):
+            module.torch_chunk_gated_delta_rule = _segmented_delta_rule(fn, segment_tokens)
+        own = layer.__dict__.get("chunk_gated_delta_rule")
+        if callable(own) and not getattr(own, "segmented", False):
+            layer.chunk_gated_delta_rule = _segmented_delta_rule(own, segment_tokens)
+    return len(layers)
 
 
 def reset_peak_memory(device: torch.device) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 DASHBOARD_KEYS = ("reward_mean", "reward_std", "frac_reward_zero_std", "gen_tokens_per_s",
                   "time_rollout_s", "time_learn_s", "time_sync_s", "parity_gap",
-                  "tools_failure_frequency", "clipped_ratio", "loss")
+                  "tools/failure_frequency", "clipped_ratio", "frac_edited", "loss")
 
 
 class MetricsLog:
@@ -20,8 +20,8 @@ class MetricsLog:
         self._gauges = {}
         if use_ray_metrics:
             from ray.util.metrics import Gauge
-            self._gauges = {k: Gauge(f"rlvr_{k}", description=f"agentic-rlvr {k}", tag_keys=("run",))
-                            for k in DASHBOARD_KEYS}
+            self._gauges = {k: Gauge("rlvr_" + k.replace("/", "_"), description=f"agentic-rlvr {k}",
+                                     tag_keys=("run",)) for k in DASHBOARD_KEYS}
         self._run_tag = {"run": Path(run_dir).name}
         self._t0 = time.time()
 

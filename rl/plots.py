@@ -21,7 +21,7 @@ def plot_reward_curve(run_dir: str | Path) -> Path | None:
     axes[0].plot(steps, mean, marker="o", label="reward mean")
     axes[0].fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
     axes[0].set_xlabel("step"); axes[0].set_ylabel("reward"); axes[0].set_title("reward (served policy samples)")
-    for key in ("frac_edited", "tools_failure_frequency", "clipped_ratio", "frac_reward_zero_std"):
+    for key in ("frac_edited", "tools/failure_frequency", "clipped_ratio", "frac_reward_zero_std"):
         if any(key in r for r in records):
             axes[1].plot(steps, [r.get(key, float("nan")) for r in records], marker=".", label=key)
     axes[1].set_xlabel("step"); axes[1].set_ylim(-0.05, 1.05); axes[1].legend(fontsize=8); axes[1].set_title("engagement")

@@ -17,7 +17,7 @@ PI_DEFAULT_TOOLS = ("read", "bash", "edit", "write")
 
 def pi_tool_schemas() -> list[dict]:
     """pi's default tool set with its exact JSON schemas."""
-    from envs.coding_env import PI_TOOLS
+    from envs.tools import PI_TOOLS
     by_name = {t["function"]["name"]: t for t in PI_TOOLS}
     return [by_name[name] for name in PI_DEFAULT_TOOLS]
 

@@ -214,8 +214,11 @@ def test_tool_history_renders_and_concurrent_episodes_are_kept_apart(worker, bas
 
     def episode(i: int) -> None:
         try:
-            client(base, f"ep-c{i}").chat.completions.create(
+            resp = client(base, f"ep-c{i}").chat.completions.create(
                 model="policy", messages=history, tools=[READ_TOOL], stream=i % 2 == 0, max_tokens=12)
+            if i % 2 == 0:
+                for _ in resp:  # read the stream to its end, as a scaffold does
+                    pass
         except BaseException as e:  # surfaced below, with the episode that failed
             errors.append(e)
 
