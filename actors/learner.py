@@ -22,7 +22,8 @@ import torch.distributed as dist
 from rl.config import LearnerConfig, ModelConfig
 from rl.fused_logprob import chunked_target_logprobs, naive_target_logprobs
 from rl.grpo import grpo_token_loss
-from rl.learner_memory import peak_memory_gib, reset_peak_memory, segment_linear_attention, tile_mlps
+from rl.learner_memory import (linear_attention_segments, peak_memory_gib, reset_peak_memory,
+                               segment_linear_attention, tile_mlps)
 from rl.types import TrainSample
 
 ADAPTER_NAME = "default"
@@ -182,8 +183,9 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=False)
         # fp32 sums: loss, clipped tokens, ratio, kl
         stats = torch.zeros(4, dtype=torch.float64, device=self.device)
-        for batch in _micro_batches([s for s in samples if sum(s.loss_mask)], cfg.micro_batch_tokens):
-            stats += self._micro_step(batch, total_tokens)
+        with linear_attention_segments(cfg.linear_attn_segment_tokens):
+            for batch in _micro_batches([s for s in samples if sum(s.loss_mask)], cfg.micro_batch_tokens):
+                stats += self._micro_step(batch, total_tokens)
         self._all_reduce(stats)
         grads = [p.grad for p in self.params]
         if self.world_size > 1:

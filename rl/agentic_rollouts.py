@@ -38,7 +38,8 @@ class AgenticRollouts:
         if not self.train_tasks:
             raise ValueError(f"no training tasks in {self._tasks_file()} after the split; raise task.max_tasks "
                              f"or task.train_fraction")
-        self.env_actors = [ray.remote(EnvActor).options(**placement.options("env", i, cfg))
+        self.env_actors = [ray.remote(EnvActor).options(**placement.options("env", i, cfg),
+                                                        max_concurrency=cfg.env.pool_size + 1)
                            .remote(cfg.env) for i in range(cfg.env.num_env_actors)]
         self.server_urls = ray.get([w.start_server.remote() for w in workers])
         self._trace_lock = threading.Lock()

@@ -7,6 +7,7 @@ dominate. Tiling the MLP over the sequence keeps one tile's intermediates alive 
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 from typing import Callable
@@ -64,7 +65,24 @@ def tile_mlps(model: torch.nn.Module, tile_tokens: int) -> int:
     return count
 
 
-def _segmented_delta_rule(inner: Callable, segment: int) -> Callable:
+# Segment length in force while a learner computes (forward and backward). A plain process
+# global, not a context variable: the recompute inside backward may run on autograd's own
+# device thread, which would not see a context variable's value.
+_ACTIVE_SEGMENT = [0]
+
+
+@contextlib.contextmanager
+def linear_attention_segments(tokens: int):
+    """Enable segmented Gated-DeltaNet (patched by segment_linear_attention) inside the block."""
+    previous = _ACTIVE_SEGMENT[0]
+    _ACTIVE_SEGMENT[0] = tokens
+    try:
+        yield
+    finally:
+        _ACTIVE_SEGMENT[0] = previous
+
+
+def _segmented_delta_rule(inner: Callable) -> Callable:
     """Run the chunked gated delta rule in checkpointed segments, carrying the recurrent state.
 
     The PyTorch delta rule keeps fp32 copies of q/k/v and per-chunk intermediates for the whole
@@ -75,8 +93,10 @@ def _segmented_delta_rule(inner: Callable, segment: int) -> Callable:
         return inner(q, k, v, g=g, beta=beta, initial_state=state, output_final_state=True, **kw)
 
     def run(query, key, value, g, beta, initial_state=None, output_final_state=False, **kw):
+        segment = _ACTIVE_SEGMENT[0]
         length = query.shape[1]
-        if length <= segment or not torch.is_grad_enabled() or kw.get("cu_seqlens") is not None:
+        if (segment <= 0 or length <= segment or not torch.is_grad_enabled()
+                or kw.get("cu_seqlens") is not None):
             return inner(query, key, value, g=g, beta=beta, initial_state=initial_state,
                          output_final_state=output_final_state, **kw)
         outs, state = [], initial_state
@@ -92,7 +112,8 @@ def _segmented_delta_rule(inner: Callable, segment: int) -> Callable:
 
 
 def segment_linear_attention(model: torch.nn.Module, segment_tokens: int) -> int:
-    """Patch every Gated-DeltaNet layer (Qwen3.5 / Qwen3-Next) to run in sequence segments."""
+    """Patch the Gated-DeltaNet layers (Qwen3.5 / Qwen3-Next) so that, inside
+    linear_attention_segments(segment_tokens), they run in checkpointed sequence segments."""
     if segment_tokens % 64:
         raise ValueError(f"learner.linear_attn_segment_tokens={segment_tokens} must be a multiple of 64 "
                          f"(the delta rule's chunk size)")
@@ -103,10 +124,10 @@ def segment_linear_attention(model: torch.nn.Module, segment_tokens: int) -> int
         module = sys.modules[type(layer).__module__]
         fn = getattr(module, "torch_chunk_gated_delta_rule", None)
         if fn is not None and not getattr(fn, "segmented", False):
-            module.torch_chunk_gated_delta_rule = _segmented_delta_rule(fn, segment_tokens)
+            module.torch_chunk_gated_delta_rule = _segmented_delta_rule(fn)
         own = layer.__dict__.get("chunk_gated_delta_rule")
         if callable(own) and not getattr(own, "segmented", False):
-            layer.chunk_gated_delta_rule = _segmented_delta_rule(own, segment_tokens)
+            layer.chunk_gated_delta_rule = _segmented_delta_rule(own)
     return len(layers)
 
 

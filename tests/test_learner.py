@@ -199,3 +199,50 @@ def test_saved_adapter_and_merged_model_reproduce_the_policy(tmp_path):
     # the step really moved the policy away from the base model
     plain = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     assert (logprobs(plain) - want).abs().max() > 1e-3
+
+
+def test_linear_attention_segments_and_mlp_tiles_match_plain_step_on_qwen35(monkeypatch):
+    """Qwen3.5 hybrid shape (Gated-DeltaNet + attention), tiny: the memory savers change no numbers."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    import rl.learner_memory as lm
+
+    calls = {"segment": 0, "tile": 0}
+    real_checkpoint, real_apply = lm.checkpoint, lm._TiledMLP.apply
+
+    def counting_checkpoint(*a, **kw):
+        calls["segment"] += 1
+        return real_checkpoint(*a, **kw)
+
+    def counting_apply(*a):
+        calls["tile"] += 1
+        return real_apply(*a)
+
+    monkeypatch.setattr(lm, "checkpoint", counting_checkpoint)
+    monkeypatch.setattr(lm._TiledMLP, "apply", counting_apply)
+
+    def qwen35():
+        torch.manual_seed(0)
+        cfg = AutoConfig.for_model(
+            "qwen3_5_text", vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_key_head_dim=16,
+            linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+            layer_types=["linear_attention"] * 3 + ["full_attention"])
+        return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+
+    rng = random.Random(0)
+    ids = [rng.randrange(VOCAB) for _ in range(300)]
+    sample = TrainSample(ids, [0] * 10 + [1] * 290, [0.0] * 10 + [-5.0] * 290, advantage=1.0)
+    plain = Learner("", make_cfg(lora_target_modules=["all-linear"]), ModelConfig(), seed=0, base_model=qwen35())
+    saver = Learner("", make_cfg(lora_target_modules=["all-linear"], linear_attn_segment_tokens=64,
+                                 mlp_tile_tokens=50, activation_offload=True),
+                    ModelConfig(), seed=0, base_model=qwen35())
+    mp = plain.train_step([sample])
+    assert calls == {"segment": 0, "tile": 0}
+    ms = saver.train_step([sample])
+    assert calls["segment"] >= 3 * 5 and calls["tile"] >= 4  # 3 delta-rule layers x 5 segments; 4 MLPs
+    assert mp["loss"] == pytest.approx(ms["loss"], rel=1e-6)
+    assert mp["grad_norm"] == pytest.approx(ms["grad_norm"], rel=1e-5) and mp["grad_norm"] > 0
+    assert_same_lora(lora(plain), lora(saver), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        Learner("", make_cfg(linear_attn_segment_tokens=100), ModelConfig(), seed=0, base_model=qwen35())
