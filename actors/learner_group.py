@@ -52,9 +52,10 @@ class _Method:
 
 
 class LearnerGroup:
-    def __init__(self, cfg: RunConfig, model_path: str, placement=None, threads: int = 1):
+    def __init__(self, cfg: RunConfig, model_path: str, placement=None, threads: int | None = None):
         """placement: an rl.ray_setup.Placement (its 'learner' bundles), or None for plain scheduling."""
         n = cfg.learner.num_learners
+        threads = threads or cfg.learner.torch_threads
         if n < 2:
             raise ValueError("LearnerGroup is for learner.num_learners >= 2; use one Learner actor otherwise")
         options = [placement.options("learner", i, cfg, threads) if placement is not None else
