@@ -46,18 +46,32 @@ log = logging.getLogger("rlvr.policy_server")
 
 
 class CallRecorder:
-    """Per-episode call log, shared by the server thread and the actor's method calls."""
+    """Per-episode call log, shared by the server thread and the actor's method calls.
+
+    It also remembers each episode's last single-choice call (prompt + completion ids), so
+    the next prompt can reuse those exact tokens (see `PolicyServer.continuation_ids`).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._calls: dict[str, list[CallRecord]] = {}
+        self._last: dict[str, list[int]] = {}
 
     def add(self, episode_id: str, records: list[CallRecord]) -> None:
         with self._lock:
             self._calls.setdefault(episode_id, []).extend(records)
+            if len(records) == 1:
+                self._last[episode_id] = records[0].prompt_token_ids + records[0].completion_token_ids
+            else:
+                self._last.pop(episode_id, None)
+
+    def last_sequence(self, episode_id: str) -> list[int] | None:
+        with self._lock:
+            return self._last.get(episode_id)
 
     def take(self, episode_id: str) -> list[CallRecord]:
         with self._lock:
+            self._last.pop(episode_id, None)
             return self._calls.pop(episode_id, [])
 
 
@@ -140,7 +154,7 @@ class PolicyServer:
             except json.JSONDecodeError as e:
                 return _error(400, f"request body is not JSON: {e}")
             try:
-                request, prompt_ids, params, n = self.prepare(body)
+                request, prompt_ids, params, n = self.prepare(body, episode_id)
             except BadRequest as e:
                 return _error(400, str(e))
             if request.stream:
@@ -150,7 +164,7 @@ class PolicyServer:
 
         return app
 
-    def prepare(self, body: Any) -> tuple[ChatCompletionRequest, list[int], Any, int]:
+    def prepare(self, body: Any, episode_id: str | None = None) -> tuple[ChatCompletionRequest, list[int], Any, int]:
         """Validate, apply the run's sampling, render the prompt, build SamplingParams."""
         if not isinstance(body, dict):
             raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
@@ -178,7 +192,7 @@ class PolicyServer:
                 **(request.chat_template_kwargs or {}))
         except Exception as e:  # template errors are the client's messages' fault
             raise BadRequest(f"chat template could not render the messages: {type(e).__name__}: {e}") from None
-        prompt_ids = self.tokenizer.encode(text, add_special_tokens=False)
+        prompt_ids = self.continuation_ids(episode_id, text)
         requested = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
         try:
             max_tokens = self.worker.max_tokens_for(len(prompt_ids), requested)
@@ -187,6 +201,22 @@ class PolicyServer:
         params = request.to_sampling_params(max_tokens, {})
         params.output_kind = RequestOutputKind.DELTA
         return request, prompt_ids, params, n
+
+    def continuation_ids(self, episode_id: str | None, text: str) -> list[int]:
+        """Token ids for a rendered prompt, reusing the episode's previous call verbatim.
+
+        When the rendered prompt's text starts with the text of the previous call's prompt +
+        completion (the client sent the history back unchanged), those exact token ids are
+        kept and only the new tail is tokenized. Re-tokenizing the whole text would often
+        split the same characters into different tokens, so consecutive calls could not
+        merge into one training sequence. Otherwise: a plain tokenization of the text.
+        """
+        prev = self.recorder.last_sequence(episode_id) if episode_id else None
+        if prev:
+            prev_text = self.tokenizer.decode(prev, skip_special_tokens=False)
+            if text.startswith(prev_text):
+                return prev + self.tokenizer.encode(text[len(prev_text):], add_special_tokens=False)
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
     def _submit(self, request: ChatCompletionRequest, prompt_ids: list[int], params, n: int) -> list[_Choice]:
         loop = asyncio.get_running_loop()

@@ -237,6 +237,24 @@ def test_tool_history_renders_and_concurrent_episodes_are_kept_apart(worker, bas
     assert "<tool_response>" in worker.tokenizer.decode(expected_prompt)
 
 
+def test_history_sent_back_reuses_the_generated_tokens_so_calls_merge(worker, base):
+    """A second call whose history repeats the first reply continues its exact token ids."""
+    from rl.assembly import assemble
+    c = client(base, "ep-merge")
+    messages = [{"role": "user", "content": "Name a fruit."}]
+    first = c.chat.completions.create(model="policy", messages=messages, max_tokens=12)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "Another one."}]
+    c.chat.completions.create(model="policy", messages=messages, max_tokens=12)
+    calls = worker.take_episode_calls("ep-merge")
+    prev = calls[0].prompt_token_ids + calls[0].completion_token_ids
+    assert calls[1].prompt_token_ids[:len(prev)] == prev
+    # the tail (template + new user turn) is a plain render of the same text
+    assert worker.tokenizer.decode(calls[1].prompt_token_ids) == worker.tokenizer.decode(_render(worker, messages))
+    asm = assemble(calls)
+    assert (asm.merged_calls, asm.split_calls, len(asm.samples)) == (1, 0, 1)
+
+
 def test_config_sampling_overrides_the_client(worker):
     server = worker._server
     _, _, params, n = server.prepare({"model": "m", "messages": [{"role": "user", "content": "hi"}],
