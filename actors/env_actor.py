@@ -18,6 +18,8 @@ one episode's environment raises and turns it into an error result for that epis
 from __future__ import annotations
 
 import fcntl
+import shutil
+import subprocess
 import threading
 import traceback
 import uuid
@@ -26,6 +28,7 @@ from typing import Any, Callable
 
 from envs.coding_env import CodingEnv
 from envs.reward import RewardResult
+from envs.sandbox import kill_uid
 from envs.tasks import Task
 from envs.tools import ToolResult
 
@@ -40,6 +43,7 @@ class EnvActor:
         self.pool_size = env_cfg.pool_size
         block, self._block_lock = _claim_uid_block(Path(env_cfg.work_root))
         self.uid_base = env_cfg.sandbox_uid_base + block * env_cfg.pool_size
+        _sweep_dead_holder(Path(env_cfg.work_root), block, range(self.uid_base, self.uid_base + self.pool_size))
         self.work_root = Path(env_cfg.work_root) / f"actor-{block}-{uuid.uuid4().hex[:6]}"
         self._lock = threading.Lock()
         self._free = list(range(self.pool_size))
@@ -140,6 +144,21 @@ def _claim_uid_block(work_root: Path, max_blocks: int = 64) -> tuple[int, Any]:
             continue
         return block, f
     raise RuntimeError(f"more than {max_blocks} EnvActors on this host hold uid blocks under {locks}")
+
+
+def _sweep_dead_holder(work_root: Path, block: int, uids: range) -> None:
+    """A killed actor leaves its episodes' processes and checkout quota mounts behind; the
+    next holder of its uid block (the lock proves the old holder is dead) clears them."""
+    for uid in uids:
+        kill_uid(uid)
+    stale_dirs = [str(d) for d in work_root.glob(f"actor-{block}-*")]
+    if not stale_dirs:
+        return
+    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    for mount in sorted((m for m in mounts if m.startswith(tuple(d + "/" for d in stale_dirs))), reverse=True):
+        subprocess.run(["umount", mount], check=True)
+    for d in stale_dirs:
+        shutil.rmtree(d)
 
 
 def make_env_actor(env_cfg, num_cpus: float | None = None, **options):

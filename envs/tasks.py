@@ -76,3 +76,17 @@ def save_tasks(tasks: list[Task], path: str | Path) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text("".join(t.to_json() + "\n" for t in tasks))
     tmp.replace(path)
+
+
+SHIPPED_TASKS = Path(__file__).resolve().parent.parent / "configs" / "tasks"
+
+
+def resolve_tasks_file(tasks_file: str | None, library: str) -> Path:
+    """The config's task file, or the one shipped for `library` under configs/tasks/."""
+    if tasks_file:
+        return Path(tasks_file)
+    shipped = SHIPPED_TASKS / f"{library}.jsonl"
+    if not shipped.is_file():
+        raise FileNotFoundError(f"no task file for library {library!r}: run `rlvr tasks mine {library}` "
+                                f"and set task.tasks_file")
+    return shipped

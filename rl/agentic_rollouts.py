@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,28 +16,34 @@ import ray
 from rl.assembly import assemble
 from rl.config import RunConfig
 from rl.episode_store import Episode
-from rl.length_rollouts import epoch_order
+from rl.length_rollouts import step_group_specs
 
 SERVED_MODEL = "policy"
+
+
+def url_safe(name: str) -> str:
+    """Episode ids travel in the policy server's URL path: task ids hold '/' and ':'."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
 class AgenticRollouts:
     def __init__(self, cfg: RunConfig, run_dir: Path, workers: list, placement):
         from actors.env_actor import EnvActor
         from envs.split import write_split
-        from envs.tasks import load_tasks
+        from envs.tasks import load_tasks, resolve_tasks_file
 
         self.cfg = cfg
         self.workers = workers
         self.trace_path = Path(run_dir) / "trace.jsonl"
-        tasks = load_tasks(self._tasks_file())
+        tasks_file = resolve_tasks_file(cfg.task.tasks_file, cfg.task.library)
+        tasks = load_tasks(tasks_file)
         if cfg.task.max_tasks:
             tasks = tasks[:cfg.task.max_tasks]
         split = write_split(run_dir, tasks, cfg.task.train_fraction, cfg.trainer.seed)
         by_id = {t.id: t for t in tasks}
         self.train_tasks = [by_id[i] for i in split.train]
         if not self.train_tasks:
-            raise ValueError(f"no training tasks in {self._tasks_file()} after the split; raise task.max_tasks "
+            raise ValueError(f"no training tasks in {tasks_file} after the split; raise task.max_tasks "
                              f"or task.train_fraction")
         self.env_actors = [ray.remote(EnvActor).options(**placement.options("env", i, cfg),
                                                         max_concurrency=cfg.env.pool_size + 1)
@@ -46,28 +53,15 @@ class AgenticRollouts:
         self._counter = itertools.count()
         print(f"[rlvr] {len(self.train_tasks)} training tasks; policy servers {self.server_urls}", flush=True)
 
-    def _tasks_file(self) -> str:
-        if self.cfg.task.tasks_file:
-            return self.cfg.task.tasks_file
-        shipped = Path(__file__).resolve().parent.parent / "configs" / "tasks" / f"{self.cfg.task.library}.jsonl"
-        if not shipped.is_file():
-            raise FileNotFoundError(f"no task file for library {self.cfg.task.library!r}: run "
-                                    f"`rlvr tasks mine {self.cfg.task.library}` and set task.tasks_file")
-        return str(shipped)
-
     def group_specs(self, step: int) -> list[tuple[str, int]]:
-        b = self.cfg.trainer.batch_size
-        specs = []
-        for j in range((step - 1) * b, step * b):
-            idx = epoch_order(len(self.train_tasks), self.cfg.trainer.seed, j)
-            specs.append((f"s{step}-g{j}-{self.train_tasks[idx].id}", idx))
-        return specs
+        return step_group_specs(step, self.cfg.trainer.batch_size, self.cfg.trainer.seed,
+                                [t.id for t in self.train_tasks])
 
     def run_groups(self, specs: list[tuple[str, int]], step: int, on_group_done) -> None:
         g = self.cfg.trainer.group_size
         parallel = self.cfg.env.num_env_actors * self.cfg.env.pool_size
         with ThreadPoolExecutor(max_workers=parallel) as pool:
-            futures = {gid: [pool.submit(self._episode, gid, f"{gid}-e{k}", self.train_tasks[idx])
+            futures = {gid: [pool.submit(self._episode, gid, url_safe(f"{gid}-e{k}"), self.train_tasks[idx])
                              for k in range(g)] for gid, idx in specs}
             for gid, group in futures.items():
                 episodes = [f.result() for f in group]

@@ -111,10 +111,17 @@ class Trainer:
         groups = self._collect(step)
         t_rollout = time.time() - t0
         samples, stats = self._to_samples(groups)
+        episodes = [e for g in groups.values() for e in g]
+        if all(e.record.get("stop_reason") == "error" for e in episodes):
+            raise RuntimeError(f"every rollout of step {step} failed; the first: {episodes[0].record.get('error')}")
 
         ray.get([w.sleep.remote() for w in self.workers])
         t1 = time.time()
-        learn = ray.get(self.learner.train_step.remote(samples))
+        if any(any(s.loss_mask) for s in samples):
+            learn = ray.get(self.learner.train_step.remote(samples))
+        else:
+            print(f"[rlvr] step {step}: no generated tokens to train on; update skipped", flush=True)
+            learn = {}
         t_learn = time.time() - t1
 
         t2 = time.time()

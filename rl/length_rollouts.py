@@ -18,6 +18,16 @@ def epoch_order(n_items: int, seed: int, index: int) -> int:
     return order[offset]
 
 
+def step_group_specs(step: int, batch_size: int, seed: int, names: list[str]) -> list[tuple[str, int]]:
+    """(group id, item index) for the groups of a step: the data cursor is step * batch_size,
+    so a resumed run draws exactly the groups the killed one would have."""
+    specs = []
+    for j in range((step - 1) * batch_size, step * batch_size):
+        idx = epoch_order(len(names), seed, j)
+        specs.append((f"s{step}-g{j}-{names[idx]}", idx))
+    return specs
+
+
 class LengthRollouts:
     def __init__(self, cfg: RunConfig, tokenizer, workers: list):
         self.cfg = cfg
@@ -27,12 +37,8 @@ class LengthRollouts:
                         for p in LENGTH_PROMPTS]
 
     def group_specs(self, step: int) -> list[tuple[str, int]]:
-        b = self.cfg.trainer.batch_size
-        specs = []
-        for j in range((step - 1) * b, step * b):
-            idx = epoch_order(len(self.prompts), self.cfg.trainer.seed, j)
-            specs.append((f"s{step}-g{j}-p{idx}", idx))
-        return specs
+        return step_group_specs(step, self.cfg.trainer.batch_size, self.cfg.trainer.seed,
+                                [f"p{i}" for i in range(len(self.prompts))])
 
     def run_groups(self, specs: list[tuple[str, int]], step: int, on_group_done) -> None:
         g, max_tokens = self.cfg.trainer.group_size, self.cfg.rollout.max_tokens

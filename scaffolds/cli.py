@@ -39,13 +39,11 @@ def register(sub) -> None:
 
 # --- rlvr eval ---------------------------------------------------------------------------
 def _tasks_file(cfg) -> Path:
-    if cfg.task.tasks_file:
-        return Path(cfg.task.tasks_file)
-    shipped = Path(__file__).resolve().parent.parent / "configs" / "tasks" / f"{cfg.task.library}.jsonl"
-    if not shipped.is_file():
-        raise SystemExit(f"no task file for library {cfg.task.library!r}: run `rlvr tasks mine "
-                         f"{cfg.task.library}` and set task.tasks_file")
-    return shipped
+    from envs.tasks import resolve_tasks_file
+    try:
+        return resolve_tasks_file(cfg.task.tasks_file, cfg.task.library)
+    except FileNotFoundError as e:
+        raise SystemExit(str(e)) from None
 
 
 def held_out_tasks(cfg, out_dir: Path, run_dir: str | None) -> list:
@@ -68,6 +66,15 @@ def held_out_tasks(cfg, out_dir: Path, run_dir: str | None) -> list:
                          "task file the run was split from")
     chosen = [by_id[i] for i in test_ids]
     return chosen[:cfg.eval.max_tasks] if cfg.eval.max_tasks else chosen
+
+
+def latest_adapter(run_dir: str) -> str | None:
+    """The LoRA adapter a training run last synced to its rollout workers, if any."""
+    adapters = sorted((Path(run_dir) / "adapters").glob("step_*"))
+    if adapters:
+        print(f"[eval] serving the trained adapter {adapters[-1]}", flush=True)
+        return str(adapters[-1])
+    return None
 
 
 def start_policy(cfg, adapter: str | None = None):
@@ -102,7 +109,8 @@ def eval_command(args) -> int:
     tasks = held_out_tasks(cfg, out, args.run_dir)
     if not tasks:
         raise SystemExit("no held-out tasks to evaluate (check task.max_tasks / task.train_fraction)")
-    worker, base_url = start_policy(cfg, args.adapter)
+    adapter = args.adapter or (latest_adapter(args.run_dir) if args.run_dir else None)
+    worker, base_url = start_policy(cfg, adapter)
     env_actors = [ray.remote(EnvActor).options(num_cpus=cfg.env.num_cpus, max_concurrency=cfg.env.pool_size + 1)
                   .remote(cfg.env) for _ in range(cfg.env.num_env_actors)]
     evaluator = make_evaluator(cfg, str(out))

@@ -40,6 +40,9 @@ def run_native_episode(episode_url: str, model_id: str, env_actor, env_episode: 
             break
         try:
             resp = client.chat.completions.create(model=model_id, messages=messages, tools=tools, timeout=left)
+        except openai.APITimeoutError:  # the request ran into the episode's wall clock
+            out.stop_reason = "wall_clock"
+            break
         except openai.APIError as e:  # the episode ends as a recorded failure, the run goes on
             out.stop_reason, out.error = "error", f"{type(e).__name__}: {e}"
             break

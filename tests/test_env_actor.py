@@ -84,3 +84,21 @@ def test_a_crashing_episode_does_not_take_down_its_neighbour(actor, task):
     assert ray.get(actor.open_count.remote()) == 0
     again = ray.get(actor.open_episode.remote(task))
     ray.get(actor.close_episode.remote(again))
+
+
+def test_a_killed_actors_mounts_are_swept_by_the_next_holder_of_its_block(tmp_path):
+    import subprocess
+    from pathlib import Path
+
+    from actors.env_actor import EnvActor
+    from rl.config import EnvConfig
+    cfg = EnvConfig(work_root=str(tmp_path / "work"))
+    first = EnvActor(cfg)
+    block = first.work_root.name.split("-")[1]
+    first._block_lock.close()  # what a SIGKILL does to the lock; its mounts stay behind
+    stale = Path(cfg.work_root) / f"actor-{block}-dead00" / "env-1"
+    stale.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(stale)], check=True)
+    EnvActor(cfg)
+    assert str(stale) not in Path("/proc/mounts").read_text()
+    assert not stale.parent.exists()
