@@ -115,12 +115,15 @@ class Trainer:
         if all(e.record.get("stop_reason") == "error" for e in episodes):
             raise RuntimeError(f"every rollout of step {step} failed; the first: {episodes[0].record.get('error')}")
 
+        if self.cfg.learner.beta == 0:  # zero advantage, no KL term: exactly zero gradient
+            samples = [s for s in samples if s.advantage != 0]
         ray.get([w.sleep.remote() for w in self.workers])
         t1 = time.time()
         if any(any(s.loss_mask) for s in samples):
             learn = ray.get(self.learner.train_step.remote(samples))
         else:
-            print(f"[rlvr] step {step}: no generated tokens to train on; update skipped", flush=True)
+            print(f"[rlvr] step {step}: no sample with a learning signal (every group's rewards were equal); "
+                  f"update skipped", flush=True)
             learn = {}
         t_learn = time.time() - t1
 
@@ -133,7 +136,7 @@ class Trainer:
         return {**stats, **{f"learner/{k}": v for k, v in learn.items()}, "loss": learn.get("loss"),
                 "gen_tokens": gen_tokens, "gen_tokens_per_s": gen_tokens / max(t_rollout, 1e-9),
                 "time_rollout_s": t_rollout, "time_learn_s": t_learn, "time_sync_s": t_sync,
-                "parity_gap": gap, "samples": len(samples)}
+                "parity_gap": gap, "train_samples": len(samples)}
 
     def _collect(self, step: int) -> dict[str, list[Episode]]:
         """Groups of this step: the ones a killed run already finished, plus the rest."""
