@@ -108,7 +108,7 @@ class Trainer:
 
     def step(self, step: int) -> dict:
         t0 = time.time()
-        groups = self._collect(step)
+        groups, reused = self._collect(step)
         t_rollout = time.time() - t0
         samples, stats = self._to_samples(groups)
         episodes = [e for g in groups.values() for e in g]
@@ -129,19 +129,22 @@ class Trainer:
 
         t2 = time.time()
         ray.get([w.wake.remote() for w in self.workers])
-        self.weight_sync.sync(self.learner, self.workers, step)
+        if learn:
+            self.weight_sync.sync(self.learner, self.workers, step)
         t_sync = time.time() - t2
-        gap = self._probe(f"after sync at step {step}")
-        gen_tokens = sum(e.record.get("tokens", 0) for g in groups.values() for e in g)
+        gap = self._probe(f"after {'sync' if learn else 'wake'} at step {step}")
+        gen_tokens = sum(e.record.get("tokens", 0) for gid, g in groups.items() if gid not in reused for e in g)
         return {**stats, **{f"learner/{k}": v for k, v in learn.items()}, "loss": learn.get("loss"),
                 "gen_tokens": gen_tokens, "gen_tokens_per_s": gen_tokens / max(t_rollout, 1e-9),
                 "time_rollout_s": t_rollout, "time_learn_s": t_learn, "time_sync_s": t_sync,
                 "parity_gap": gap, "train_samples": len(samples)}
 
-    def _collect(self, step: int) -> dict[str, list[Episode]]:
-        """Groups of this step: the ones a killed run already finished, plus the rest."""
+    def _collect(self, step: int) -> tuple[dict[str, list[Episode]], set[str]]:
+        """Groups of this step: the ones a killed run already finished (also returned as a
+        set of ids), plus the rest, rolled out now."""
         specs = self.rollouts.group_specs(step)
         done = self.store.load_groups(step)
+        reused = set(done)
         missing = [s for s in specs if s[0] not in done]
         if done:
             print(f"[rlvr] step {step}: reusing {len(done)} finished group(s), rolling out {len(missing)}", flush=True)
@@ -152,7 +155,7 @@ class Trainer:
 
         if missing:
             self.rollouts.run_groups(missing, step, on_group_done)
-        return {gid: done[gid] for gid, _ in specs}
+        return {gid: done[gid] for gid, _ in specs}, reused
 
     def _to_samples(self, groups: dict[str, list[Episode]]) -> tuple[list[TrainSample], dict]:
         episodes = [e for g in groups.values() for e in g]
