@@ -27,6 +27,7 @@ def actor_env(cfg: RunConfig, threads: int) -> dict:
         "VLLM_CPU_KVCACHE_SPACE": str(cfg.rollout.cpu_kvcache_gib),
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True" if cfg.ray.expandable_segments else "",
         "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
+        "NCCL_NVLS_ENABLE": "0",  # NVLink multicast off for the data-parallel learner group
     }}
 
 
