@@ -110,6 +110,10 @@ def eval_command(args) -> int:
     if not tasks:
         raise SystemExit("no held-out tasks to evaluate (check task.max_tasks / task.train_fraction)")
     adapter = args.adapter or (latest_adapter(args.run_dir) if args.run_dir else None)
+    merged = Path(args.run_dir or "", "merged_weights")
+    if args.run_dir and adapter is None and (merged / "config.json").is_file():
+        print(f"[eval] serving the trained merged weights {merged}", flush=True)
+        cfg.model.path = str(merged)
     worker, base_url = start_policy(cfg, adapter)
     env_actors = [ray.remote(EnvActor).options(num_cpus=cfg.env.num_cpus, max_concurrency=cfg.env.pool_size + 1)
                   .remote(cfg.env) for _ in range(cfg.env.num_env_actors)]
