@@ -184,6 +184,7 @@ class Sandbox:
                     break
         finally:
             self.kill(proc)
+            kill_sandboxed(self.uid)  # the pid namespace dies with bwrap, but asynchronously
         exit_code = 124 if timed_out else proc.returncode
         text = tail.decode("utf-8", errors="replace")
         truncated = total > len(tail) or len(text) > cap
@@ -204,10 +205,12 @@ class Sandbox:
         virtual memory: pass memory_mib=0 (no RLIMIT_AS) for pi.
         """
         popen_kwargs.setdefault("stdin", subprocess.DEVNULL)
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             self.argv(inner, env=env, extra_ro_binds=extra_ro_binds, extra_rw_binds=extra_rw_binds,
                       share_net=share_net, memory_mib=memory_mib, cpu_s=cpu_s),
             start_new_session=True, **popen_kwargs)
+        proc.sandbox_uid = self.uid  # lets Sandbox.kill wait until the sandbox is really empty
+        return proc
 
     @staticmethod
     def kill(proc: subprocess.Popen) -> None:
@@ -218,6 +221,8 @@ class Sandbox:
             except ProcessLookupError:
                 pass
         proc.wait()
+        if getattr(proc, "sandbox_uid", None) is not None:
+            kill_sandboxed(proc.sandbox_uid)
         if proc.stdout is not None:
             proc.stdout.close()
 
@@ -246,16 +251,39 @@ def processes_of_uid(uid: int) -> list[int]:
     return pids
 
 
-def kill_uid(uid: int) -> int:
+def _in_child_pid_namespace(pid: int) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid") != os.readlink("/proc/self/ns/pid")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def kill_sandboxed(uid: int, timeout_s: float = 10.0) -> int:
+    """Like kill_uid, but only processes inside a sandbox's pid namespace (never a host
+    process that happens to share the uid)."""
+    return kill_uid(uid, timeout_s, only=_in_child_pid_namespace)
+
+
+def kill_uid(uid: int, timeout_s: float = 10.0, only=lambda pid: True) -> int:
+    """SIGKILL every process of `uid` and wait until none is left; count them.
+
+    A killed process lingers until the kernel delivers the signal, and a fork in flight can
+    add one: loop until the uid has no live process."""
     if uid == 0:
         raise ValueError("refusing to kill processes of uid 0")
-    pids = processes_of_uid(uid)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return len(pids)
+    killed: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while pids := [p for p in processes_of_uid(uid) if only(p)]:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"processes {pids} of sandbox uid {uid} survived SIGKILL for {timeout_s} s")
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        killed.update(pids)
+        time.sleep(0.01)
+    return len(killed)
 
 
 def chown_tree(path: Path, uid: int) -> None:
