@@ -11,7 +11,7 @@ import pytest
 from envs.tools import PI_TOOLS
 from tests.envs_fixtures import episode, toolz_tasks
 
-REFERENCE = Path("/work/shared/reference/pi-tools.json")
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "pi-tools.json"  # beside the checkout
 
 
 @pytest.fixture(scope="module")
