@@ -1,12 +1,12 @@
 """Two Learner actors under real Ray with gloo: replicas agree and equal one learner on the whole batch."""
 import os
-import random
 
 import pytest
 import torch
 
 from rl.config import RunConfig
 from rl.types import TrainSample
+from tests.test_learner import make_samples
 
 VOCAB = 128
 
@@ -36,16 +36,7 @@ def ray_cluster():
 
 
 def samples(n: int, seed: int) -> list[TrainSample]:
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        length = rng.randint(10, 40)
-        prompt = rng.randint(2, 6)
-        ids = [rng.randrange(VOCAB) for _ in range(length)]
-        out.append(TrainSample(ids, [0] * prompt + [1] * (length - prompt),
-                               [0.0] * prompt + [-rng.uniform(3, 6) for _ in range(length - prompt)],
-                               advantage=rng.choice([-1.0, 0.5, 1.0]), group_id=str(i // 2)))
-    return out
+    return make_samples(n, seed)
 
 
 def run_cfg(n: int) -> RunConfig:
