@@ -1,12 +1,13 @@
 # The two commands a fresh machine needs (README): `make train` and `make test`.
-# Both install what is missing first (scripts/setup.sh is idempotent).
+# Both install what is missing first (scripts/setup.sh is idempotent and installs the locks
+# in requirements/; `make lock` refreshes them and reruns the suite).
 PY := .venv/bin/python
 export OMP_NUM_THREADS ?= 1
 export RAY_AUTH_MODE ?= disabled
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup train test test-heavy bench
+.PHONY: setup train test test-heavy lock bench
 
 setup:
 	bash scripts/setup.sh
@@ -19,3 +20,6 @@ test: setup
 
 test-heavy: setup
 	$(PY) -m pytest -m heavy $(ARGS)
+
+lock:
+	bash scripts/lock.sh

@@ -266,6 +266,13 @@ class Learner:
         """CPU copies of the trainable weights (replica agreement checks)."""
         return {n: p.detach().to("cpu", copy=True) for n, p in self.model.named_parameters() if p.requires_grad}
 
+    def last_gradients(self) -> dict[str, torch.Tensor]:
+        """CPU copies of the gradients the last step applied (after clipping, before the optimizer):
+        what equivalence checks compare, since one Adam step moves every weight by about ±lr
+        whatever its gradient's size and so hides (or magnifies) the difference."""
+        return {n: p.grad.detach().to("cpu", copy=True) for n, p in self.model.named_parameters()
+                if p.requires_grad and p.grad is not None}
+
     # ---- saving -------------------------------------------------------------------------
 
     def save_adapter(self, path: str) -> str:

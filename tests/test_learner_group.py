@@ -69,18 +69,26 @@ def test_group_replicas_agree_and_match_single_learner(ray_cluster, tiny_model_p
         for k in init[0]:
             torch.testing.assert_close(init[0][k], init[1][k], rtol=0, atol=0)
 
-        metrics = [group.train_step(batches[0]), ray.get(group.train_step.remote(batches[1]))]
-        expected = [single.train_step(b) for b in batches]
+        metrics = [group.train_step(batches[0])]
+        expected = [single.train_step(batches[0])]
+        # Gradients of the same first step (before the optimizer): the group sums its shards'
+        # gradients in another order than one learner does, so they agree up to float32
+        # reassociation (weights after Adam would not: see tests/test_learner.py).
+        grads = ray.get(group.replica_refs("last_gradients"))[0]
+        for k, want in single.last_gradients().items():
+            scale = want.abs().max().item()
+            err = (grads[k] - want).abs().max().item()
+            assert err <= 8 * torch.finfo(torch.float32).eps * expected[0]["tokens"] ** 0.5 * scale, k
+        metrics.append(ray.get(group.train_step.remote(batches[1])))
+        expected.append(single.train_step(batches[1]))
         for got, want in zip(metrics, expected):
             for key in ("loss", "grad_norm", "clip_frac", "ratio_mean", "tokens"):
                 assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
 
         rank0, rank1 = ray.get(group.replica_refs("lora_state"))
-        reference = single.lora_state()
         moved = 0.0
         for k in rank0:
             torch.testing.assert_close(rank0[k], rank1[k], rtol=0, atol=0, msg=k)  # replicas identical
-            torch.testing.assert_close(rank0[k], reference[k], rtol=1e-4, atol=1e-5, msg=k)
             moved = max(moved, (rank0[k] - init[0][k]).abs().max().item())
         assert moved > 1e-3  # the steps changed the LoRA
 

@@ -84,8 +84,10 @@ def test_cannot_signal_outside_processes(box):
     as_root = subprocess.Popen(["sleep", "60"])
     try:
         res = box.run(f"kill -9 {same_uid.pid} {as_root.pid}; kill -9 -1; echo sent", 10)
-        time.sleep(0.2)
-        assert same_uid.poll() is None and as_root.poll() is None, res.output
+        for p in (same_uid, as_root):  # a delivered SIGKILL ends them within this wait
+            with pytest.raises(subprocess.TimeoutExpired):
+                p.wait(timeout=1)
+        assert "sent" in res.output, res.output
     finally:
         for p in (same_uid, as_root):
             p.kill()
@@ -93,12 +95,17 @@ def test_cannot_signal_outside_processes(box):
 
 
 def test_fork_bomb_is_contained(box):
+    """A bomb whose top shell stays alive (a plain `:(){ :|:& };:` shell exits at once, and
+    its children then die with the sandbox before any meets the limit: that proves nothing).
+    Containment: the process limit is met, the call returns within its bound, the uid is left
+    with no process, and the next command in the same sandbox works."""
     start = time.monotonic()
-    res = box.run(":(){ :|:& };:", 5)
+    res = box.run("bomb() { bomb | bomb & }; bomb; sleep 60", 5)
     assert time.monotonic() - start < 15
-    assert res.timed_out or "Resource temporarily unavailable" in res.output   # RLIMIT_NPROC bit
+    assert res.timed_out, res.output[-500:]
+    assert "Resource temporarily unavailable" in res.output, res.output[-500:]   # RLIMIT_NPROC met
     assert processes_of_uid(UID) == []
-    assert box.run("echo alive", 10).output.strip() == "alive"    # the next command still works
+    assert box.run("echo alive", 10).output.strip() == "alive"
 
 
 def test_filling_the_disk_is_bounded(box):
