@@ -151,7 +151,7 @@ def check_kernels(delta_rule: Callable, conv: Callable, ref_delta: Callable, ref
         return {"o": o, "dq": qq.grad, "dk": kk.grad, "dv": vv.grad, "dbeta": bb.grad, "dg": gg.grad,
                 "conv": y, "dconv": xx.grad}
 
-    want = run(ref_delta, ref_conv, torch.float32)
+    want = run(make_delta_rule(ref_delta, None), make_causal_conv(ref_conv, None), torch.float32)
     got = run(delta_rule, conv, torch.bfloat16)
     out = {name: _rel(got[name], want[name]) for name in want}
     out["o_max_abs"] = float((got["o"].float() - want["o"]).abs().max())
