@@ -108,6 +108,8 @@ def main() -> None:
                 m = measure(impls[name], w, h, targets, old, device, args.repeats)
             except torch.OutOfMemoryError:
                 row["status"] = "oom"
+            except Exception as e:  # e.g. torch.compile failing on this torch: a result to record
+                row["status"] = f"error: {type(e).__name__}: {str(e)[:200]}"
             else:
                 g = m.pop("grad").float()
                 if ref is None:
@@ -122,7 +124,7 @@ def main() -> None:
     lines = ["| tokens | impl | extra peak GiB | median s | |Δloss| vs chunked | grad rel. err |", "|---|---|---|---|---|---|"]
     for r in rows:
         if r["status"] != "ok":
-            lines.append(f"| {r['tokens']} | {r['impl']} | OOM | — | — | — |")
+            lines.append(f"| {r['tokens']} | {r['impl']} | {r['status'][:40]} | — | — | — |")
         else:
             lines.append(f"| {r['tokens']} | {r['impl']} | {r['extra_peak_gib']:.2f} | {r['median_s'] or 0:.3f} | "
                          f"{r['loss_abs_diff']:.2e} | {r['grad_rel_err']:.2e} |")

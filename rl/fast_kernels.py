@@ -188,7 +188,8 @@ def enable_fast_kernels(model: torch.nn.Module, device: torch.device, required: 
         try:
             fast_delta, fast_conv = _load_fla(k_dim)
             delta, conv = make_delta_rule(ref_delta, fast_delta), make_causal_conv(ref_conv, fast_conv)
-            result["check"] = check_kernels(delta, conv, ref_delta, ref_conv, min(heads, 8), k_dim, v_dim, device)
+            # the model's own head count: the kernels are compiled and autotuned per head count
+            result["check"] = check_kernels(delta, conv, ref_delta, ref_conv, heads, k_dim, v_dim, device)
             worst = max(v for n, v in result["check"].items() if n != "o_max_abs")
             if worst > CHECK_TOLERANCE:
                 result["reason"] = f"fast kernels disagree with the reference (worst rel. error {worst:.3g})"
@@ -215,7 +216,12 @@ if __name__ == "__main__":  # agreement numbers on this machine, Qwen3.5-4B head
     from rl.packing import packed_rows  # noqa: F401  (import check)
     from transformers.models.qwen3_5 import modeling_qwen3_5 as m
 
+    import time
+
     dev = torch.device("cuda")
     rd, rc = _reference(m.torch_chunk_gated_delta_rule), _reference(m.causal_conv1d_fn)
     fd, fc = _load_fla(128)
-    print(json.dumps(check_kernels(make_delta_rule(rd, fd), make_causal_conv(rc, fc), rd, rc, 32, 128, 128, dev)))
+    for attempt in range(2):  # the first compiles and autotunes the Triton kernels
+        t0 = time.perf_counter()
+        got = check_kernels(make_delta_rule(rd, fd), make_causal_conv(rc, fc), rd, rc, 32, 128, 128, dev)
+        print(json.dumps({"seconds": time.perf_counter() - t0, **got}), flush=True)
