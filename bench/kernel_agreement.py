@@ -76,7 +76,8 @@ def main() -> None:
     out["lora_grad_rel_err_worst_tensor"] = max(per)
 
     lengths = [int(x) for x in args.packed.split(",")]
-    samples = [TrainSample(torch.randint(0, vocab, (n,)).tolist(), [1] * n, [0.0] * n, 1.0) for n in lengths]
+    samples = [TrainSample(torch.randint(0, vocab, (n,)).tolist(), [0] + [1] * (n - 1), [0.0] * n, 1.0)
+               for n in lengths]
     alone = [torch.tensor(ln.sequence_logprobs(s.token_ids)[1:]) for s in samples]
     row = {k: v.to(device) for k, v in pack(samples).items()}
     cu = row["cu_seqlens"].tolist()

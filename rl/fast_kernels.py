@@ -117,6 +117,7 @@ def _load_fla(head_k_dim: int) -> tuple[Callable, Callable]:
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.float(), b.float()
+    a, b = a.detach(), b.detach()
     return float((a - b).norm() / b.norm().clamp_min(1e-12))
 
 
