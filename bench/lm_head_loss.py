@@ -7,7 +7,8 @@ and hidden-gradient agreement with the chunked path.
 
 liger's chunked losses chunk along the batch (rows), not along tokens: one long sample is one
 row, so it is also run with the row cut into 1024-token rows (the same loss under 'bnpo'
-normalisation, since the GRPO objective here is per token).
+normalisation, since the GRPO objective here is per token). liger-kernel is not a project
+dependency (the chunked loss won): install it beside the project to run this.
 
   python bench/lm_head_loss.py --lengths 8192,16384,32768 --json docs/results/lm_head_loss_h200.json
 """
