@@ -206,7 +206,11 @@ def enable_fast_kernels(model: torch.nn.Module, device: torch.device, required: 
     else:
         log.info("Gated-DeltaNet: flash-linear-attention kernels (%s)", result["reason"])
     for mod in modules:
-        mod.torch_chunk_gated_delta_rule = make_delta_rule(ref_delta, fast_delta)
+        rule = make_delta_rule(ref_delta, fast_delta)
+        if getattr(mod.torch_chunk_gated_delta_rule, "segmented", False):  # another learner's segments stay
+            from rl.learner_memory import _segmented_delta_rule
+            rule = _segmented_delta_rule(rule)
+        mod.torch_chunk_gated_delta_rule = rule
         mod.causal_conv1d_fn = make_causal_conv(ref_conv, fast_conv)
     return result
 
