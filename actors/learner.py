@@ -20,10 +20,12 @@ import torch
 import torch.distributed as dist
 
 from rl.config import LearnerConfig, ModelConfig
+from rl.fast_kernels import enable_fast_kernels
 from rl.fused_logprob import chunked_target_logprobs, naive_target_logprobs
 from rl.grpo import grpo_token_loss
 from rl.learner_memory import (linear_attention_segments, peak_memory_gib, reset_peak_memory,
                                segment_linear_attention, tile_mlps)
+from rl.packing import pack, packed_micro_batches, packed_rows
 from rl.types import TrainSample
 
 ADAPTER_NAME = "default"
@@ -110,6 +112,10 @@ class Learner:
                 self.model.enable_input_require_grads()
         elif cfg.activation_offload:
             raise ValueError("learner.activation_offload=true needs learner.gradient_checkpointing=true")
+        self.fast_kernels = {"fast": False, "reason": "off", "check": {}}
+        if cfg.fast_kernels != "off" or cfg.pack_samples:  # packed rows need the boundary-aware wrappers
+            self.fast_kernels = enable_fast_kernels(self.decoder, self.device, required=cfg.fast_kernels == "on",
+                                                    fast=cfg.fast_kernels != "off")
         if cfg.mlp_tile_tokens > 0:
             tile_mlps(self.decoder, cfg.mlp_tile_tokens)
         if cfg.linear_attn_segment_tokens > 0:
@@ -126,12 +132,14 @@ class Learner:
     def num_trainable_params(self) -> int:
         return sum(p.numel() for p in self.params)
 
-    def _hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    def _hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
         offload = self.cfg.activation_offload and torch.is_grad_enabled()
         ctx = (torch.autograd.graph.save_on_cpu(pin_memory=self.device.type == "cuda")
                if offload else contextlib.nullcontext())
         with ctx:
-            out = self.decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            out = self.decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                               use_cache=False)
         return out.last_hidden_state
 
     def _target_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -184,8 +192,13 @@ class Learner:
         # fp32 sums: loss, clipped tokens, ratio, kl
         stats = torch.zeros(4, dtype=torch.float64, device=self.device)
         with linear_attention_segments(cfg.linear_attn_segment_tokens):
-            for batch in _micro_batches([s for s in samples if sum(s.loss_mask)], cfg.micro_batch_tokens):
-                stats += self._micro_step(batch, total_tokens)
+            trained = [s for s in samples if sum(s.loss_mask)]
+            if cfg.pack_samples:
+                for batch in packed_micro_batches(trained, cfg.micro_batch_tokens):
+                    stats += self._packed_micro_step(batch, total_tokens)
+            else:
+                for batch in _micro_batches(trained, cfg.micro_batch_tokens):
+                    stats += self._micro_step(batch, total_tokens)
         self._all_reduce(stats)
         grads = [p.grad for p in self.params]
         if self.world_size > 1:
@@ -245,6 +258,26 @@ class Learner:
         tl = grpo_token_loss(logp, old[:, 1:][mask[:, 1:]], adv[:, 1:][mask[:, 1:]],
                              cfg.clip_eps_low, cfg.clip_eps_high, cfg.beta, ref_logp)
         (tl.loss.sum() / total_tokens).backward()
+        kl_sum = tl.kl.sum() if tl.kl is not None else torch.zeros((), device=self.device)
+        return torch.stack([tl.loss.detach().sum(), tl.clipped.sum(), tl.ratio.sum(), kl_sum]).double()
+
+    def _packed_micro_step(self, batch: list[TrainSample], total_tokens: int) -> torch.Tensor:
+        """_micro_step on one packed row (rl.packing): no pad tokens, per-sample boundaries kept."""
+        cfg = self.cfg
+        row = {k: v.to(self.device) for k, v in pack(batch).items()}
+        sel = row["mask"][:, 1:]
+        targets = row["ids"][:, 1:][sel]
+        with packed_rows(row["cu_seqlens"]):
+            ref_logp = None
+            if cfg.beta > 0:
+                with torch.no_grad(), self.model.disable_adapter():
+                    ref_logp = self._target_logprobs(self._hidden(row["ids"], None, row["positions"])[:, :-1][sel],
+                                                     targets)
+            hidden = self._hidden(row["ids"], None, row["positions"])[:, :-1][sel]
+            logp = self._target_logprobs(hidden, targets)
+            tl = grpo_token_loss(logp, row["old"][:, 1:][sel], row["adv"][:, 1:][sel],
+                                 cfg.clip_eps_low, cfg.clip_eps_high, cfg.beta, ref_logp)
+            (tl.loss.sum() / total_tokens).backward()  # the recompute in backward needs the boundaries too
         kl_sum = tl.kl.sum() if tl.kl is not None else torch.zeros((), device=self.device)
         return torch.stack([tl.loss.detach().sum(), tl.clipped.sum(), tl.ratio.sum(), kl_sum]).double()
 

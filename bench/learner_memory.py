@@ -1,12 +1,16 @@
-"""Peak memory and step time of one GRPO step of the project's Learner, per loss variant and length.
+"""Peak memory, step time, tokens/s and MFU of one GRPO step of the project's Learner, per variant and length.
 
 Each variant runs in a fresh process (clean CUDA allocator / clean RSS high-water mark);
-lengths run in ascending order and a variant stops at its first out-of-memory.
+lengths run in ascending order and a variant stops at its first out-of-memory. With --baseline,
+every row also shows its tokens/s over the baseline variant's at the same length (old vs new
+side by side in one run). Variants with fast_kernels="off" run as the learner did before the
+fast kernels: flash-linear-attention is made unimportable in their process, so transformers
+takes its PyTorch Gated-DeltaNet.
 
   CPU (SmolLM2-135M):   python bench/learner_memory.py --model default --lengths 512,1024,2048
   GPU (Qwen3.5-4B shape, random weights, capped at 24 GiB):
-      python bench/learner_memory.py --model qwen3.5-4b-random --cap-gib 24 \
-          --lengths 4096,8192,16384,24576,32768 --json bench/results/learner_memory_h200.json
+      python bench/learner_memory.py --model qwen3.5-4b-random --cap-gib 24 --lora-targets all-linear \
+          --lengths 8192,16384,32768 --variants old,fast,fast+offload --baseline old --json docs/results/learner_speed_h200.json
 """
 from __future__ import annotations
 
@@ -34,7 +38,57 @@ VARIANTS = {
                                     "linear_attn_segment_tokens": 4096, "logit_chunk_tokens": 512},
     "chunked512+offload+tile": {"loss_impl": "chunked", "activation_offload": True, "mlp_tile_tokens": 4096,
                                 "logit_chunk_tokens": 512},
+    # the learner before the fast kernels, with the savers that let 32768 tokens fit under 24 GiB
+    "old": {"loss_impl": "chunked", "activation_offload": True, "mlp_tile_tokens": 4096,
+            "linear_attn_segment_tokens": 4096, "fast_kernels": "off"},
+    "old-fastest": {"loss_impl": "chunked", "mlp_tile_tokens": 4096, "fast_kernels": "off"},
+    # fla Gated-DeltaNet + causal conv; the segments are a PyTorch-path saver and are left off.
+    # fast+offload is the 24 GiB choice: 16k at 12.6 GiB, 32k at 16.8 GiB, ~6k tokens/s on an H200
+    # (docs/results/learner_speed_h200.md)
+    "fast": {"loss_impl": "chunked", "mlp_tile_tokens": 4096, "fast_kernels": "on"},
+    "fast+offload": {"loss_impl": "chunked", "activation_offload": True, "mlp_tile_tokens": 4096, "fast_kernels": "on"},
+    "fast-notile": {"loss_impl": "chunked", "fast_kernels": "on"},
 }
+for _v in VARIANTS.values():  # variants written before the switch existed ran without fla
+    _v.setdefault("fast_kernels", "off")
+
+# bf16 dense matmul rate the MFU is taken against: 790 TFLOP/s is what an 8192^3 bf16 product
+# reached on this H200 (random data); the datasheet's 989 would give 0.8x these MFUs.
+PEAK_TFLOPS = 790.0
+
+
+def flops_per_token(model, tokens: int, lora_rank: int) -> dict:
+    """Estimated FLOPs one trained token costs in a LoRA GRPO step with gradient checkpointing.
+
+    - every frozen linear layer (the LM head too, tied or not): forward, recompute in backward, and the
+      input-gradient matmul: 3 x 2 FLOPs per weight (no weight gradient: the base is frozen;
+      the chunked loss likewise recomputes the LM-head logits in backward);
+    - LoRA adapters: r x (in + out) per linear, forward + recompute + input and weight gradients (4 x 2);
+    - causal softmax attention: a token attends to tokens/2 keys on average; QK^T and PV cost
+      2 x 2 x (tokens/2) x heads x head_dim forward, x4 for forward, recompute and a 2x backward;
+    - chunked Gated-DeltaNet (64-token chunks): per value head about 2 x (2*64*dk + 2*64*dv + 3*dk*dv)
+      forward (intra-chunk products, state read, state update), x4 likewise.
+    Embedding lookups, norms, activations and the loss's elementwise work are left out.
+    """
+    import torch
+
+    cfg = model.config
+    linear = sum(m.weight.numel() for n, m in model.named_modules()
+                 if isinstance(m, torch.nn.Linear) and "lora_" not in n)
+    lora = sum(lora_rank * (m.in_features + m.out_features) for n, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and "lora_" not in n and not n.endswith("lm_head"))
+    types = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
+    n_attn = sum(t == "full_attention" for t in types)
+    n_lin = sum(t == "linear_attention" for t in types)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    attn = n_attn * 4 * 2 * tokens * cfg.num_attention_heads * head_dim
+    gdn = 0
+    if n_lin:
+        dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        gdn = n_lin * 4 * cfg.linear_num_value_heads * 2 * (2 * 64 * dk + 2 * 64 * dv + 3 * dk * dv)
+    parts = {"linear": 6 * linear, "lora": 8 * lora, "attention": attn, "linear_attention": gdn}
+    parts["total"] = sum(parts.values())
+    return parts
 
 # Qwen3.5-4B text model (hidden 2560, 32 layers: 3 Gated-DeltaNet per full-attention layer)
 QWEN35_4B = dict(
@@ -63,6 +117,8 @@ def build_model(name: str, device, dtype):
 
 
 def worker(args) -> None:
+    if VARIANTS[args.variant]["fast_kernels"] == "off":
+        sys.modules["fla"] = None  # transformers then takes its PyTorch Gated-DeltaNet, as before fla
     import torch
 
     from actors.learner import Learner, pick_device
@@ -84,8 +140,11 @@ def worker(args) -> None:
     learner = Learner(path, lcfg, mcfg, seed=0, base_model=model)
     static = torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else None
     vocab = learner.lm_head.weight.shape[0]
+    base = learner.model.get_base_model()
     emit({"event": "ready", "variant": args.variant, "build_s": time.perf_counter() - t0,
-          "trainable_params": learner.num_trainable_params(), "static_gib": static})
+          "trainable_params": learner.num_trainable_params(), "static_gib": static,
+          "fast_kernels": learner.fast_kernels, "peak_tflops": args.peak_tflops,
+          "flops_per_token": {n: flops_per_token(base, n, lcfg.lora_rank) for n in args.lengths_list}})
     rng = random.Random(0)
 
     def sample(n: int) -> TrainSample:
@@ -100,8 +159,10 @@ def worker(args) -> None:
         row = {"variant": args.variant, "tokens": n}
         try:
             m = learner.train_step([sample(n)])
+            fpt = flops_per_token(base, n, lcfg.lora_rank)["total"]
             row.update(status="ok", peak_gib=m["peak_mem_gib"], step_s=m["seconds"],
-                       tokens_per_s=n / m["seconds"], loss=m["loss"])
+                       tokens_per_s=n / m["seconds"], loss=m["loss"], grad_norm=m["grad_norm"],
+                       mfu=n * fpt / m["seconds"] / (args.peak_tflops * 1e12))
             if device.type == "cuda":
                 row["reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
         except torch.OutOfMemoryError:
@@ -114,6 +175,30 @@ def worker(args) -> None:
 
 def emit(obj: dict) -> None:
     print("@@" + json.dumps(obj), flush=True)
+
+
+def speed_table(rows: list[dict], baseline: str | None, peak_tflops: float) -> str:
+    """One line per (length, variant): peak memory, step time, tokens/s, MFU and the ratio to the baseline."""
+    cell = {(r["variant"], r["tokens"]): r for r in rows}
+    lines = [f"| tokens | variant | peak GiB | step s | tokens/s | MFU (of {peak_tflops:g} TFLOP/s) |"
+             + (f" tokens/s vs {baseline} |" if baseline else ""),
+             "|---|---|---|---|---|---|" + ("---|" if baseline else "")]
+    for n in sorted({r["tokens"] for r in rows}):
+        for v in dict.fromkeys(r["variant"] for r in rows):
+            r = cell.get((v, n))
+            if r is None:
+                continue
+            if r["status"] != "ok":
+                peak = f"{r['peak_gib']:.1f}" if r.get("peak_gib") else "—"
+                lines.append(f"| {n} | {v} | OOM (peak {peak}) | — | — | — |" + (" — |" if baseline else ""))
+                continue
+            line = (f"| {n} | {v} | {r['peak_gib']:.1f} | {r['step_s']:.2f} | {r['tokens_per_s']:,.0f} | "
+                    f"{100 * r.get('mfu', 0):.1f}% |")
+            if baseline:
+                b = cell.get((baseline, n))
+                line += (f" {r['tokens_per_s'] / b['tokens_per_s']:.2f}x |" if b and b["status"] == "ok" else " — |")
+            lines.append(line)
+    return "\n".join(lines)
 
 
 def table(rows: list[dict], cap: float | None) -> str:
@@ -152,6 +237,8 @@ def main() -> None:
     ap.add_argument("--logit-chunk", type=int, default=1024)
     ap.add_argument("--cap-gib", type=float, default=0.0, help="GPU: cap this process's CUDA memory")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--baseline", default=None, help="variant whose tokens/s the others are compared with")
+    ap.add_argument("--peak-tflops", type=float, default=PEAK_TFLOPS, help="bf16 rate the MFU is taken against")
     ap.add_argument("--json", default=None, help="save rows + table here")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--variant", default=None, help=argparse.SUPPRESS)
@@ -177,7 +264,8 @@ def main() -> None:
             print(f"variant {v} exited {proc.returncode}:\n{proc.stderr[-3000:]}", file=sys.stderr, flush=True)
             rows.append({"variant": v, "tokens": -1, "status": f"error rc={proc.returncode}"})
     rows = [r for r in rows if r["tokens"] > 0] + [r for r in rows if r["tokens"] <= 0]
-    text = table([r for r in rows if r["tokens"] > 0], args.cap_gib or None)
+    ok_rows = [r for r in rows if r["tokens"] > 0]
+    text = table(ok_rows, args.cap_gib or None) + "\n\n" + speed_table(ok_rows, args.baseline, args.peak_tflops)
     print(text)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -68,6 +68,11 @@ class LearnerConfig(Section):
     activation_offload: bool = Field(False, description="keep checkpointed layer inputs in host memory (needs gradient_checkpointing)")
     mlp_tile_tokens: int = Field(0, ge=0, description="run decoder MLPs in sequence tiles of this many tokens; 0 = off")
     linear_attn_segment_tokens: int = Field(0, ge=0, description="Gated-DeltaNet layers: checkpointed sequence segments (multiple of 64); 0 = off")
+    fast_kernels: Literal["auto", "on", "off"] = Field(
+        "auto", description="Gated-DeltaNet: flash-linear-attention kernels after a start-up agreement check "
+                            "(auto: fall back to PyTorch with a log line; on: fail instead; off: PyTorch)")
+    pack_samples: bool = Field(False, description="concatenate a micro-batch's samples into one row (no padding), "
+                                                  "boundaries kept by position ids and cu_seqlens")
     torch_threads: int = Field(1, ge=1)
 
     @model_validator(mode="after")

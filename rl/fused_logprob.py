@@ -4,6 +4,10 @@ With a 248k vocabulary the full logits of 4k tokens are ~4 GiB in fp32 (plus as 
 for the softmax saved for backward); the chunked path keeps one [chunk, vocab] block alive
 at a time and recomputes it in backward. Softmax statistics are taken in fp32 whatever the
 model dtype (bf16 log-sum-exp drifts at large vocabularies).
+
+Kept over liger-kernel's LigerFusedLinearGRPOLoss: on an H200 (hidden 2560, vocab 248320, bf16)
+this path ran the loss's forward+backward 4.0-4.5x faster at 8k and 16k tokens (0.17 s vs 0.67-0.76 s
+at 16k); liger's held ~1.7 GiB less (docs/results/lm_head_loss_h200.json, bench/lm_head_loss.py).
 """
 from __future__ import annotations
 

@@ -15,6 +15,8 @@ from typing import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from rl.packing import active_cu_seqlens
+
 
 class _TiledMLP(torch.autograd.Function):
     """y = mlp(x) computed tile by tile; backward recomputes each tile and backpropagates it.
@@ -96,7 +98,7 @@ def _segmented_delta_rule(inner: Callable) -> Callable:
         segment = _ACTIVE_SEGMENT[0]
         length = query.shape[1]
         if (segment <= 0 or length <= segment or not torch.is_grad_enabled()
-                or kw.get("cu_seqlens") is not None):
+                or kw.get("cu_seqlens") is not None or active_cu_seqlens() is not None):
             return inner(query, key, value, g=g, beta=beta, initial_state=initial_state,
                          output_final_state=output_final_state, **kw)
         outs, state = [], initial_state
@@ -108,6 +110,7 @@ def _segmented_delta_rule(inner: Callable) -> Callable:
         return torch.cat(outs, dim=1), (state if output_final_state else None)
 
     run.segmented = True
+    run.__wrapped__ = inner
     return run
 
 

