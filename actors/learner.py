@@ -36,9 +36,7 @@ def pick_device() -> torch.device:
 
 
 def pick_dtype(model_cfg: ModelConfig, device: torch.device) -> torch.dtype:
-    if model_cfg.dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, model_cfg.dtype)
+    return getattr(torch, model_cfg.resolved_dtype(on_gpu=device.type == "cuda"))
 
 
 def _micro_batches(samples: list[TrainSample], budget: int) -> list[list[TrainSample]]:

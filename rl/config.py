@@ -23,6 +23,12 @@ class ModelConfig(Section):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
     tool_call_parser: Literal["hermes", "qwen3_xml"] = "hermes"
 
+    def resolved_dtype(self, on_gpu: bool) -> str:
+        """The one dtype rule for engine and learner: explicit wins; auto is bf16 on GPU, fp32 on CPU."""
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if on_gpu else "float32"
+
 
 class RolloutConfig(Section):
     num_workers: int = Field(1, ge=1)
