@@ -9,7 +9,7 @@ import ray
 
 from rl.assembly import assemble
 from rl.config import load_config
-from rl.metrics import read_metrics
+from orchestrator.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 TASKS = REPO / "configs" / "tasks" / "toolz.jsonl"
@@ -23,17 +23,15 @@ def cluster():
 
 
 def test_multi_turn_episode_logprobs_match_the_learner(cluster, model_path):
-    from actors.env_actor import EnvActor
-    from actors.learner import Learner
-    from actors.rollout_worker import RolloutWorker
     from envs.tasks import load_tasks
+    from orchestrator.cluster import spawn_env_actors, spawn_learners, spawn_rollout_workers
     from scaffolds.native import run_native_episode
 
     cfg = load_config(REPO / "configs" / "default.yaml",
                       ["rollout.max_tokens=96", "scaffold.max_turns=3", "rollout.tool_choice=required"])
-    worker = ray.remote(RolloutWorker).options(num_cpus=1).remote(model_path, cfg.rollout, cfg.model, True, 16)
-    env = ray.remote(EnvActor).options(num_cpus=0.5).remote(cfg.env)
-    learner = ray.remote(Learner).options(num_cpus=1).remote(model_path, cfg.learner, cfg.model, 0)
+    [worker] = spawn_rollout_workers(cfg, model_path, enable_lora=True, count=1)
+    [env] = spawn_env_actors(cfg)
+    learner = spawn_learners(cfg, model_path)
     base = ray.get(worker.start_server.remote())
     task = load_tasks(TASKS)[0]
     eid = ray.get(env.open_episode.remote(task))
@@ -49,15 +47,15 @@ def test_multi_turn_episode_logprobs_match_the_learner(cluster, model_path):
     print(f"calls={len(calls)} merged={asm.merged_calls} split={asm.split_calls} outcome={outcome}")
     gaps = []
     for sample in asm.samples:
-        learner_lp = ray.get(learner.sequence_logprobs.remote(sample["token_ids"]))
-        gaps += [abs(a - b) for a, b, m in zip(learner_lp, sample["logprobs"], sample["loss_mask"]) if m]
+        learner_lp = learner.sequence_logprobs(sample.token_ids)
+        gaps += [abs(a - b) for a, b, m in zip(learner_lp, sample.logprobs, sample.loss_mask) if m]
     print(f"recorded vs learner log-probs over {len(gaps)} tokens: mean {statistics.fmean(gaps):.2e} max {max(gaps):.2e}")
     assert statistics.fmean(gaps) < 1e-3 and max(gaps) < 5e-2
 
 
 @pytest.mark.heavy
 def test_main_job_runs_agentic_steps_and_traces_every_rollout(tmp_path, model_path):
-    from rl.driver import Trainer
+    from orchestrator.loop import Trainer
     ray.shutdown()
     run_dir = tmp_path / "run"
     cfg = load_config(REPO / "configs" / "default.yaml",
