@@ -22,8 +22,13 @@ import torch.distributed as dist
 from rl.config import LearnerConfig, ModelConfig
 from rl.fused_logprob import chunked_target_logprobs, naive_target_logprobs
 from rl.grpo import grpo_token_loss
-from rl.learner_memory import (linear_attention_segments, peak_memory_gib, reset_peak_memory,
-                               segment_linear_attention, tile_mlps)
+from rl.learner_memory import (
+    linear_attention_segments,
+    peak_memory_gib,
+    reset_peak_memory,
+    segment_linear_attention,
+    tile_mlps,
+)
 from rl.types import TrainSample
 
 ADAPTER_NAME = "default"

@@ -7,7 +7,6 @@ import os
 import shutil
 from pathlib import Path
 
-
 KEEP_LAST = 2
 
 

@@ -5,7 +5,6 @@ tool calls. Cached under the user cache dir; every later call is a path lookup.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys

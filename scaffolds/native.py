@@ -13,6 +13,7 @@ from rl.config import ScaffoldConfig
 from scaffolds.outcome import EpisodeOutcome
 from scaffolds.system_prompt import render_system_prompt
 
+
 def run_native_episode(episode_url: str, model_id: str, env_actor, env_episode: str, task_prompt: str,
                        cwd: str, cfg: ScaffoldConfig) -> EpisodeOutcome:
     """Drive one episode; the policy server records every call under `episode_url`."""

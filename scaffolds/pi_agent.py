@@ -35,8 +35,8 @@ from rl.config import ScaffoldConfig
 from rl.paths import rlvr_home
 from scaffolds import socket_forward
 from scaffolds.outcome import EpisodeOutcome
-from scaffolds.system_prompt import CODING_SYSTEM_PROMPT
 from scaffolds.socket_forward import UnixToTcp
+from scaffolds.system_prompt import CODING_SYSTEM_PROMPT
 
 PI_PACKAGE = "@mariozechner/pi-coding-agent"
 PROVIDER = "local"

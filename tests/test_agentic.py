@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import ray
 
+from orchestrator.metrics import read_metrics
 from rl.assembly import assemble
 from rl.config import load_config
-from orchestrator.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 TASKS = REPO / "configs" / "tasks" / "toolz.jsonl"

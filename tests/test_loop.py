@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import ray
 
-from orchestrator.weight_sync import WeightSync
-from rl.config import load_config
 from orchestrator.metrics import read_metrics
 from orchestrator.parity import ParityError
+from orchestrator.weight_sync import WeightSync
+from rl.config import load_config
 
 LENGTH_CFG = Path(__file__).parent.parent / "configs" / "length.yaml"
 RLVR = [sys.executable, "-m", "cli.main"]

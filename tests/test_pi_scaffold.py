@@ -8,8 +8,8 @@ import json
 import math
 
 import pytest
-
 from envs_fixtures import env_cfg, toolz_tasks
+
 from rl.config import RunConfig
 from scaffolds import pi_agent
 
