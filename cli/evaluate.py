@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from envs.split import select_tasks
+from orchestrator.eval_report import render_markdown, write_report
 from rl.config import ConfigError, RunConfig, load_config
 
 
@@ -40,10 +41,10 @@ def latest_adapter(run_dir: str) -> str | None:
 
 
 def eval_command(args) -> int:
-    import ray  # heavy: the subcommands that do not serve a model skip it
+    # heavy (ray, torch, vLLM's protocol): only the subcommand that serves a model imports them
+    import ray
 
     from orchestrator.cluster import spawn_env_actors, start_policy
-    from orchestrator.eval_report import render_markdown
     from orchestrator.evaluator import make_evaluator
 
     cfg = load_config(args.config, args.overrides)
@@ -69,7 +70,6 @@ def eval_command(args) -> int:
 
 
 def report_command(args) -> int:
-    from orchestrator.eval_report import render_markdown, write_report
     summary = write_report(args.out_dir)
     print(render_markdown(summary))
     return 0

@@ -66,9 +66,8 @@ class TokenSequence:
 class EpisodeRecord:
     """What one episode did, the same fields for training and evaluation.
 
-    Built only by the episode runner (scaffolds/episode.py) for agentic episodes; a
-    single-turn episode (length reward) fills reward, tokens and clipped, and leaves the
-    agentic fields None.
+    Built only by the episode runner (scaffolds/episode.py). A single-turn episode (the
+    length reward's) fills reward, tokens and clipped, and leaves the agentic fields None.
     """
     reward: float
     tokens: int                          # completion tokens the policy generated

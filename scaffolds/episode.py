@@ -21,7 +21,7 @@ import ray
 from envs.tasks import Task
 from rl.assembly import assemble
 from rl.config import SERVED_MODEL, RunConfig, ScaffoldConfig
-from rl.types import EpisodeRecord, TokenSequence
+from rl.types import Completion, EpisodeRecord, TokenSequence
 from scaffolds.native import run_native_episode
 from scaffolds.pi_agent import run_pi_episode_on_actor
 
@@ -59,6 +59,18 @@ class EpisodeSettings:
 class EpisodeRun:
     record: EpisodeRecord
     sequences: list[TokenSequence]   # the recorded calls, assembled for training
+
+
+def single_turn_episode(completion: Completion, reward: float) -> EpisodeRun:
+    """A one-call episode without an environment (the length reward's): the prompt is
+    masked, the completion trained; no agentic fields."""
+    n_prompt = len(completion.prompt_token_ids)
+    sequence = TokenSequence(token_ids=completion.prompt_token_ids + completion.token_ids,
+                             loss_mask=[0] * n_prompt + [1] * len(completion.token_ids),
+                             logprobs=[0.0] * n_prompt + list(completion.logprobs))
+    record = EpisodeRecord(reward=reward, tokens=len(completion.token_ids),
+                           clipped=completion.finish_reason == "length")
+    return EpisodeRun(record, [sequence])
 
 
 def run_episode(env_actor, worker, task: Task, episode_id: str, base_url: str, settings: EpisodeSettings,

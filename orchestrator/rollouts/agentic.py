@@ -20,7 +20,7 @@ from scaffolds.episode import EpisodeSettings, run_episode, safe_id
 
 
 class AgenticRollouts:
-    def __init__(self, cfg: RunConfig, run_dir: Path, workers: list, placement: Placement):
+    def __init__(self, cfg: RunConfig, run_dir: Path, workers: list, placement: Placement | None):
         self.cfg = cfg
         self.workers = workers
         self.trace_path = Path(run_dir) / "trace.jsonl"

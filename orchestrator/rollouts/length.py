@@ -6,7 +6,7 @@ import ray
 from orchestrator.rollouts.base import Episode, GroupSpec, step_group_specs
 from rl.config import RunConfig
 from rl.length_reward import LENGTH_PROMPTS, length_reward
-from rl.types import EpisodeRecord, TokenSequence
+from scaffolds.episode import single_turn_episode
 
 
 class LengthRollouts:
@@ -28,14 +28,5 @@ class LengthRollouts:
                    for w, shard in zip(self.workers, shards) if shard]
         for shard, groups in zip([s for s in shards if s], ray.get(futures)):
             for spec, completions in zip(shard, groups):
-                episodes = []
-                for c in completions:
-                    n_prompt = len(c.prompt_token_ids)
-                    reward = length_reward(c, max_tokens)
-                    sequence = TokenSequence(token_ids=c.prompt_token_ids + c.token_ids,
-                                             loss_mask=[0] * n_prompt + [1] * len(c.token_ids),
-                                             logprobs=[0.0] * n_prompt + list(c.logprobs))
-                    record = EpisodeRecord(reward=reward, tokens=len(c.token_ids),
-                                           clipped=c.finish_reason == "length")
-                    episodes.append(Episode(spec.group_id, reward, [sequence], record))
-                on_group_done(episodes)
+                runs = [single_turn_episode(c, length_reward(c, max_tokens)) for c in completions]
+                on_group_done([Episode(spec.group_id, r.record.reward, r.sequences, r.record) for r in runs])
