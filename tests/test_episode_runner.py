@@ -32,7 +32,7 @@ def cluster():
 def test_training_and_evaluation_records_come_from_one_runner(cluster, model_path, tmp_path):
     cfg = load_config(REPO / "configs" / "default.yaml", [
         f"trainer.run_dir={tmp_path / 'run'}", "trainer.batch_size=1", "trainer.group_size=2", "task.max_tasks=10",
-        "scaffold.name=native", "eval.scaffold=native", "scaffold.max_turns=2", "rollout.max_tokens=64",
+        "scaffold.name=native", "eval.scaffold=native", "eval.k=1", "scaffold.max_turns=2", "rollout.max_tokens=64",
         "rollout.tool_choice=required", "env.pool_size=2", "env.sandbox_uid_base=64700",
         "env.work_root=/tmp/agentic-rlvr-test-runner"])
     run_dir, out = tmp_path / "run", tmp_path / "eval"
