@@ -337,20 +337,9 @@ class PolicyServer:
                 if isinstance(item, BaseException):
                     failed, open_streams = item, open_streams - 1
                     continue
-                o = self._absorb(c, item)
-                finished = o.finish_reason is not None
-                if c.parser is not None:
-                    delta = c.parser.parse_delta(o.text, list(o.token_ids), request, prompt_ids, finished=finished)
-                else:
-                    delta = DeltaMessage(content=o.text) if o.text else None
-                if delta is not None and delta.tool_calls:
-                    c.tools_streamed = True
-                if finished:
-                    finish = _finish_reason(request, o.finish_reason, c.tools_streamed)
-                    yield sse([ChatCompletionResponseStreamChoice(index=c.index, delta=delta or DeltaMessage(),
-                                                                  finish_reason=finish)])
-                elif delta is not None and (delta.content or delta.tool_calls):
-                    yield sse([ChatCompletionResponseStreamChoice(index=c.index, delta=delta)])
+                chunk = self._stream_chunk(c, item, request, prompt_ids)
+                if chunk is not None:
+                    yield sse([chunk])
             if failed is not None:
                 yield f"data: {json.dumps({'error': {'message': f'generation failed: {failed}', 'type': 'server_error', 'code': 500}})}\n\n"
                 return
@@ -366,11 +355,32 @@ class PolicyServer:
             for task in pumps:
                 task.cancel()
             if not recorded:  # client went away mid-stream, or generation failed
-                for c in choices:
-                    if c.finish_reason is None:
-                        self.policy.abort(c.request_id)
-                records, _ = self._records(request, prompt_ids, choices, time.time() - t0)
-                self.recorder.add(episode_id, records)
+                self._record_unfinished(episode_id, request, prompt_ids, choices, t0)
+
+    def _stream_chunk(self, c: _Choice, item, request, prompt_ids) -> ChatCompletionResponseStreamChoice | None:
+        """Absorb one engine output into its choice; the SSE choice to send for it, if any."""
+        o = self._absorb(c, item)
+        finished = o.finish_reason is not None
+        if c.parser is not None:
+            delta = c.parser.parse_delta(o.text, list(o.token_ids), request, prompt_ids, finished=finished)
+        else:
+            delta = DeltaMessage(content=o.text) if o.text else None
+        if delta is not None and delta.tool_calls:
+            c.tools_streamed = True
+        if finished:
+            finish = _finish_reason(request, o.finish_reason, c.tools_streamed)
+            return ChatCompletionResponseStreamChoice(index=c.index, delta=delta or DeltaMessage(), finish_reason=finish)
+        if delta is not None and (delta.content or delta.tool_calls):
+            return ChatCompletionResponseStreamChoice(index=c.index, delta=delta)
+        return None
+
+    def _record_unfinished(self, episode_id, request, prompt_ids, choices: list[_Choice], t0: float) -> None:
+        """Abort what still runs and record what was generated, so the episode's log stays whole."""
+        for c in choices:
+            if c.finish_reason is None:
+                self.policy.abort(c.request_id)
+        records, _ = self._records(request, prompt_ids, choices, time.time() - t0)
+        self.recorder.add(episode_id, records)
 
 
 def _finish_reason(request: ChatCompletionRequest, engine_reason: str, called_tools: bool) -> str:
