@@ -149,7 +149,7 @@ def test_worker_as_ray_actor_serves_and_records(model_path):
     from orchestrator.cluster import spawn_rollout_workers
     from rl.config import RunConfig
 
-    cfg = RunConfig.model_validate({"rollout": {"max_model_len": 512, "max_tokens": 16}})
+    cfg = RunConfig.model_validate({"rollout": {"max_model_len": 512, "max_tokens": 16}, "task": {"kind": "length"}})
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}})
     try:
