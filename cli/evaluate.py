@@ -44,8 +44,7 @@ def eval_command(args) -> int:
     # heavy (ray, torch, vLLM's protocol): only the subcommand that serves a model imports them
     import ray
 
-    from orchestrator.cluster import spawn_env_actors, start_policy
-    from orchestrator.evaluator import make_evaluator
+    from orchestrator.cluster import spawn_env_actors, spawn_evaluator, start_policy
 
     cfg = load_config(args.config, args.overrides)
     out = Path(args.out or cfg.eval.out_dir)
@@ -60,7 +59,7 @@ def eval_command(args) -> int:
         cfg.model.path = str(merged)
     worker, base_url = start_policy(cfg, adapter)
     env_actors = spawn_env_actors(cfg)
-    evaluator = make_evaluator(cfg, str(out))
+    evaluator = spawn_evaluator(cfg, str(out))
     summary = ray.get(evaluator.run.remote(tasks, base_url, cfg.eval.model_id, env_actors, worker))
     print(render_markdown(summary, f"{cfg.eval.scaffold} eval (k={cfg.eval.k})"))
     print(f"[rlvr eval] raw records, summary.json, report.md, report.png in {out}")

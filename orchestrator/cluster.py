@@ -20,6 +20,7 @@ from actors.engine import engine_env_vars
 from actors.env_actor import EnvActor
 from actors.learner_group import LearnerGroup
 from actors.rollout_worker import RolloutWorker
+from orchestrator.evaluator import Evaluator
 from rl.config import RunConfig
 from rl.default_model import resolve_model_path
 
@@ -119,6 +120,11 @@ def spawn_env_actors(cfg: RunConfig, placement: Placement | None = None) -> list
     """env.num_env_actors EnvActors; each serves pool_size episodes plus one control call at once."""
     return [ray.remote(EnvActor).options(**_options(cfg, placement, "env", i), max_concurrency=cfg.env.pool_size + 1)
             .remote(cfg.env) for i in range(cfg.env.num_env_actors)]
+
+
+def spawn_evaluator(cfg: RunConfig, out_dir: str, num_cpus: float = 0.1):
+    """The Evaluator actor; it mostly waits on other actors, so it asks for little CPU."""
+    return ray.remote(Evaluator).options(num_cpus=num_cpus).remote(cfg, out_dir)
 
 
 def spawn_learners(cfg: RunConfig, model_path: str, placement: Placement | None = None,

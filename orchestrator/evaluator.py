@@ -1,7 +1,7 @@
 """Evaluator: held-out tasks x k samples through a scaffold (pi by default) against a served
 policy, one durable raw record per finished episode, resumable.
 
-Plain class, made a Ray actor at the call site (`make_evaluator`). The out dir holds
+Plain class, made a Ray actor by orchestrator.cluster.spawn_evaluator. The out dir holds
 `plan.json` (what is being evaluated; a resume must match it) and `episodes.jsonl` (the raw
 records). A killed evaluation, run again with the same plan, re-runs only the (task, sample)
 pairs without a record; every report is recomputed from the records (rl/eval_report.py).
@@ -14,8 +14,6 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
-
-import ray
 
 from envs.tasks import Task
 from orchestrator.eval_report import RECORDS_FILE, append_record, load_records, record_key, write_report
@@ -90,8 +88,3 @@ class Evaluator:
         print(f"[rlvr eval] {task.id} s{sample}: reward {r.reward:.2f} "
               f"({r.stop_reason}, {r.turns} turns, {r.seconds:.0f}s)", flush=True)
         return record
-
-
-def make_evaluator(cfg: RunConfig, out_dir: str, num_cpus: float = 0.1, **options):
-    """A Ray actor handle; it mostly waits on other actors, so it asks for little CPU."""
-    return ray.remote(Evaluator).options(num_cpus=num_cpus, **options).remote(cfg, out_dir)
