@@ -1,7 +1,6 @@
 """EnvActor: a pool of sandboxed coding environments on one Ray actor (CPU only).
 
-Plain class, made remote at the call site (`ray.remote(EnvActor).options(num_cpus=...)`) or
-with `make_env_actor(env_cfg, num_cpus)`. Every episode gets a pool slot, and each slot its
+Plain class, made a Ray actor by orchestrator.cluster.spawn_env_actors. Every episode gets a pool slot, and each slot its
 own sandbox uid (so rlimits such as the process count are per episode, and leftovers of a
 finished episode can be killed by uid before the slot is reused). Actors on one host claim
 disjoint uid blocks through flock'ed files under env.work_root (released when the process dies). Every method catches what
@@ -88,10 +87,6 @@ class EnvActor:
     def sandbox_cwd(self, eid: str) -> str:
         return self._env(eid).inside_checkout
 
-    def tools(self) -> list[dict]:
-        from envs.tools import PI_TOOLS
-        return [dict(t) for t in PI_TOOLS]
-
     def run_in_episode(self, eid: str, fn: Callable[..., Any], *args, **kwargs) -> Any:
         return fn(self._env(eid), *args, **kwargs)
 
@@ -159,11 +154,3 @@ def _sweep_dead_holder(work_root: Path, block: int, uids: range) -> None:
         subprocess.run(["umount", mount], check=True)
     for d in stale_dirs:
         shutil.rmtree(d)
-
-
-def make_env_actor(env_cfg, num_cpus: float | None = None, **options):
-    """A Ray actor handle; `num_cpus` is always explicit (a 2-core box deadlocks otherwise)."""
-    import ray
-    cls = ray.remote(EnvActor).options(num_cpus=env_cfg.num_cpus if num_cpus is None else num_cpus,
-                                       max_concurrency=max(2, env_cfg.pool_size + 1), **options)
-    return cls.remote(env_cfg)

@@ -23,8 +23,13 @@ from rl.config import LearnerConfig, ModelConfig
 from rl.fast_kernels import enable_fast_kernels
 from rl.fused_logprob import chunked_target_logprobs, naive_target_logprobs
 from rl.grpo import grpo_token_loss
-from rl.learner_memory import (linear_attention_segments, peak_memory_gib, reset_peak_memory,
-                               segment_linear_attention, tile_mlps)
+from rl.learner_memory import (
+    linear_attention_segments,
+    peak_memory_gib,
+    reset_peak_memory,
+    segment_linear_attention,
+    tile_mlps,
+)
 from rl.packing import pack, packed_micro_batches, packed_rows
 from rl.types import TrainSample
 
@@ -38,9 +43,7 @@ def pick_device() -> torch.device:
 
 
 def pick_dtype(model_cfg: ModelConfig, device: torch.device) -> torch.dtype:
-    if model_cfg.dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, model_cfg.dtype)
+    return getattr(torch, model_cfg.resolved_dtype(on_gpu=device.type == "cuda"))
 
 
 def _micro_batches(samples: list[TrainSample], budget: int) -> list[list[TrainSample]]:

@@ -1,4 +1,4 @@
-"""OpenAI-compatible chat server over a RolloutWorker's engine, recording every call.
+"""OpenAI-compatible chat server over the served `Policy` (actors/engine.py), recording every call.
 
 Any OpenAI client (pi included) is pointed at one episode by its base URL,
 `{base}/episodes/<episode_id>/v1`. For each choice served the recorder keeps the prompt
@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -35,12 +35,10 @@ from vllm.entrypoints.serve.engine.protocol import UsageInfo
 from vllm.exceptions import VLLMClientError
 from vllm.sampling_params import RequestOutputKind
 
+from actors.engine import Policy, sampled_logprobs, scored_logprobs
 from actors.tool_parsers import ToolCallFormat, template_messages, template_tools
 from rl.config import ModelConfig, RolloutConfig
 from rl.types import CallRecord
-
-if TYPE_CHECKING:
-    from actors.rollout_worker import RolloutWorker
 
 log = logging.getLogger("rlvr.policy_server")
 
@@ -98,10 +96,10 @@ class _Choice:
 
 
 class PolicyServer:
-    def __init__(self, worker: "RolloutWorker", rollout: RolloutConfig, model: ModelConfig) -> None:
-        self.worker = worker
+    def __init__(self, policy: Policy, tokenizer, rollout: RolloutConfig, model: ModelConfig) -> None:
+        self.policy = policy
         self.cfg = rollout
-        self.tokenizer = worker.tokenizer
+        self.tokenizer = tokenizer
         self.format = ToolCallFormat(self.tokenizer, model.tool_call_parser, rollout.tool_strict_level)
         self.recorder = CallRecorder()
         self.app = self._build_app()
@@ -144,7 +142,7 @@ class PolicyServer:
 
         @app.get("/episodes/{episode_id}/v1/models")
         async def models(episode_id: str) -> dict:
-            return {"object": "list", "data": [{"id": self.worker.model_path, "object": "model",
+            return {"object": "list", "data": [{"id": self.policy.model_name, "object": "model",
                                                 "owned_by": "agentic-rlvr"}]}
 
         @app.post("/episodes/{episode_id}/v1/chat/completions")
@@ -195,7 +193,7 @@ class PolicyServer:
         prompt_ids = self.continuation_ids(episode_id, text)
         requested = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
         try:
-            max_tokens = self.worker.max_tokens_for(len(prompt_ids), requested)
+            max_tokens = self.policy.clamp_max_tokens(len(prompt_ids), requested)
         except ValueError as e:
             raise BadRequest(str(e)) from None
         params = request.to_sampling_params(max_tokens, {})
@@ -222,13 +220,12 @@ class PolicyServer:
         loop = asyncio.get_running_loop()
         choices = []
         for i in range(n):
-            request_id, stream = self.worker.loop.submit(prompt_ids, params, self.worker.lora_request, loop=loop)
+            request_id, stream = self.policy.submit(prompt_ids, params, loop=loop)
             choices.append(_Choice(i, request_id, stream, self.format.parser(request)))
         return choices
 
     @staticmethod
     def _absorb(choice: _Choice, out) -> Any:
-        from actors.rollout_worker import sampled_logprobs
         o = out.outputs[0]
         choice.token_ids.extend(o.token_ids)
         choice.logprobs.extend(sampled_logprobs(o))
@@ -258,13 +255,11 @@ class PolicyServer:
         ratio needs both sides computed the same way, so the served policy re-scores the
         sampled tokens once, in the same batch loop.
         """
-        from actors.rollout_worker import scored_logprobs
         ids = prompt_ids + choice.token_ids
         # A scoring request needs one free slot; a call that filled the context keeps the
         # engine's value for its very last token.
         fit = ids[:self.cfg.max_model_len - 1]
-        _, stream = self.worker.loop.submit(fit, self.worker.scoring_params(), self.worker.lora_request,
-                                            loop=asyncio.get_running_loop())
+        stream = self.policy.score(fit, loop=asyncio.get_running_loop())
         final = None
         while (item := await stream.aget()) is not None:
             if isinstance(item, BaseException):
@@ -294,7 +289,7 @@ class PolicyServer:
                     self._absorb(c, item)
         except asyncio.CancelledError:
             for c in choices:
-                self.worker.loop.abort(c.request_id)
+                self.policy.abort(c.request_id)
             raise
         parsed = await self._finish(episode_id, request, prompt_ids, params, choices, t0)
         out = [ChatCompletionResponseChoice(
@@ -304,7 +299,7 @@ class PolicyServer:
                                             for tc in tool_calls]))
             for c, (content, tool_calls, finish) in zip(choices, parsed)]
         completion_tokens = sum(len(c.token_ids) for c in choices)
-        resp = ChatCompletionResponse(model=request.model or self.worker.model_path, choices=out,
+        resp = ChatCompletionResponse(model=request.model or self.policy.model_name, choices=out,
                                       usage=UsageInfo(prompt_tokens=len(prompt_ids), completion_tokens=completion_tokens,
                                                       total_tokens=len(prompt_ids) + completion_tokens))
         return JSONResponse(resp.model_dump(exclude_none=True))
@@ -312,7 +307,7 @@ class PolicyServer:
     async def _stream(self, episode_id, request, prompt_ids, params, n):
         t0 = time.time()
         chunk_id = f"chatcmpl-{uuid.uuid4().hex}"
-        model = request.model or self.worker.model_path
+        model = request.model or self.policy.model_name
         choices = self._submit(request, prompt_ids, params, n)
         merged: asyncio.Queue = asyncio.Queue()
 
@@ -342,20 +337,9 @@ class PolicyServer:
                 if isinstance(item, BaseException):
                     failed, open_streams = item, open_streams - 1
                     continue
-                o = self._absorb(c, item)
-                finished = o.finish_reason is not None
-                if c.parser is not None:
-                    delta = c.parser.parse_delta(o.text, list(o.token_ids), request, prompt_ids, finished=finished)
-                else:
-                    delta = DeltaMessage(content=o.text) if o.text else None
-                if delta is not None and delta.tool_calls:
-                    c.tools_streamed = True
-                if finished:
-                    finish = _finish_reason(request, o.finish_reason, c.tools_streamed)
-                    yield sse([ChatCompletionResponseStreamChoice(index=c.index, delta=delta or DeltaMessage(),
-                                                                  finish_reason=finish)])
-                elif delta is not None and (delta.content or delta.tool_calls):
-                    yield sse([ChatCompletionResponseStreamChoice(index=c.index, delta=delta)])
+                chunk = self._stream_chunk(c, item, request, prompt_ids)
+                if chunk is not None:
+                    yield sse([chunk])
             if failed is not None:
                 yield f"data: {json.dumps({'error': {'message': f'generation failed: {failed}', 'type': 'server_error', 'code': 500}})}\n\n"
                 return
@@ -371,11 +355,32 @@ class PolicyServer:
             for task in pumps:
                 task.cancel()
             if not recorded:  # client went away mid-stream, or generation failed
-                for c in choices:
-                    if c.finish_reason is None:
-                        self.worker.loop.abort(c.request_id)
-                records, _ = self._records(request, prompt_ids, choices, time.time() - t0)
-                self.recorder.add(episode_id, records)
+                self._record_unfinished(episode_id, request, prompt_ids, choices, t0)
+
+    def _stream_chunk(self, c: _Choice, item, request, prompt_ids) -> ChatCompletionResponseStreamChoice | None:
+        """Absorb one engine output into its choice; the SSE choice to send for it, if any."""
+        o = self._absorb(c, item)
+        finished = o.finish_reason is not None
+        if c.parser is not None:
+            delta = c.parser.parse_delta(o.text, list(o.token_ids), request, prompt_ids, finished=finished)
+        else:
+            delta = DeltaMessage(content=o.text) if o.text else None
+        if delta is not None and delta.tool_calls:
+            c.tools_streamed = True
+        if finished:
+            finish = _finish_reason(request, o.finish_reason, c.tools_streamed)
+            return ChatCompletionResponseStreamChoice(index=c.index, delta=delta or DeltaMessage(), finish_reason=finish)
+        if delta is not None and (delta.content or delta.tool_calls):
+            return ChatCompletionResponseStreamChoice(index=c.index, delta=delta)
+        return None
+
+    def _record_unfinished(self, episode_id, request, prompt_ids, choices: list[_Choice], t0: float) -> None:
+        """Abort what still runs and record what was generated, so the episode's log stays whole."""
+        for c in choices:
+            if c.finish_reason is None:
+                self.policy.abort(c.request_id)
+        records, _ = self._records(request, prompt_ids, choices, time.time() - t0)
+        self.recorder.add(episode_id, records)
 
 
 def _finish_reason(request: ChatCompletionRequest, engine_reason: str, called_tools: bool) -> str:

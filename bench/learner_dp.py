@@ -63,7 +63,7 @@ def main() -> None:
     import ray
 
     from actors.learner import Learner
-    from actors.learner_group import LearnerGroup
+    from orchestrator.cluster import spawn_learners
     from rl.config import RunConfig
     from rl.default_model import resolve_model_path
 
@@ -91,7 +91,7 @@ def main() -> None:
     single_state = ray.get(single.lora_state.remote())
     ray.kill(single)
 
-    group = LearnerGroup(cfg(args.num_learners), path, threads=args.threads)
+    group = spawn_learners(cfg(args.num_learners), path, threads=args.threads)
     group.train_step(batches[0])
     mn, tn = timed_steps(group.train_step, batches[1:])
     states = ray.get(group.replica_refs("lora_state"))

@@ -39,9 +39,9 @@ def chats(k: int) -> list[list[dict]]:
 
 
 def engine_batch(worker, prompt_ids: list[list[int]], max_tokens: int) -> int:
-    from actors.rollout_worker import collect_completion
-    params = worker.sampling_params(max_tokens, ignore_eos=True)
-    streams = [worker.loop.submit(p, params, worker.lora_request)[1] for p in prompt_ids]
+    from actors.engine import collect_completion
+    params = worker.policy.sampling_params(max_tokens, ignore_eos=True)
+    streams = [worker.policy.submit(p, params)[1] for p in prompt_ids]
     return sum(len(collect_completion(p, s).token_ids) for p, s in zip(prompt_ids, streams))
 
 

@@ -27,6 +27,7 @@ from envs.sandbox import Limits, QuotaDir, Sandbox, chown_tree
 from envs.sdist import SdistInfo, lookup, pristine_tree
 from envs.tasks import Task
 from envs.testrun import BASE_PYTEST, run_tests
+from rl.paths import DEFAULT_WORK_ROOT
 
 MIN_BODY_LINES = 2   # a one-line body (`return x`) is too trivial to be a task
 COVERAGE_RC = "[run]\nbranch = False\n[json]\nshow_contexts = True\n"
@@ -133,7 +134,7 @@ def _coverage_contexts(sandbox: Sandbox, checkout: Path, packages: list[str], te
     return out
 
 
-def mine(library: str, version: str | None = None, work_root: str | Path = "/tmp/agentic-rlvr-work",
+def mine(library: str, version: str | None = None, work_root: str | Path = DEFAULT_WORK_ROOT,
          uid_base: int = 61900, workers: int = 2, limit: int | None = None,
          timeout_s: float = 600.0, per_test_timeout_s: float = 10.0,
          log: Callable[[str], None] = print) -> tuple[list[Task], MiningReport]:

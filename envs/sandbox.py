@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from rl.paths import rlvr_home
+
 INSIDE_REPO = "/repo"           # where the checkout appears inside the sandbox
 INSIDE_TMP = "/tmp"
 _MIB = 1024 * 1024
@@ -34,10 +36,6 @@ _ETC_FILES = ["/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/ld.so.cac
 
 class SandboxUnavailable(RuntimeError):
     """The host cannot sandbox (missing bwrap/setpriv, not root, no user namespaces)."""
-
-
-def rlvr_home() -> Path:
-    return Path(os.environ.get("RLVR_HOME", "/opt/agentic-rlvr"))
 
 
 def sandbox_python_dir() -> Path:

@@ -14,12 +14,13 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from rl import paths
+
 PYPI_JSON = os.environ.get("RLVR_PYPI_JSON", "https://pypi.org/pypi")
 
 
 def cache_dir() -> Path:
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "agentic-rlvr" / "sdists"
+    return paths.cache_dir() / "sdists"
 
 
 @dataclass

@@ -7,7 +7,8 @@ import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from envs.tasks import Task
+from envs.tasks import Task, load_tasks, resolve_tasks_file
+from rl.config import ConfigError, TaskConfig
 
 SPLIT_FILE = "split.json"
 
@@ -72,3 +73,36 @@ def assert_not_trained_on(run_dir: str | Path, task_ids: list[str]) -> None:
     if overlap:
         raise TrainedOnError(f"refusing to evaluate {len(overlap)} task(s) the run in {run_dir} trained on, "
                              f"e.g. {overlap[0]}; evaluate only its held-out tasks (split.json 'test')")
+
+
+def select_tasks(task_cfg: TaskConfig, seed: int, split_dir: str | Path, side: str,
+                 trained_split: bool = False) -> list[Task]:
+    """The one task selector: one side ("train" | "test") of a run's split, in split order.
+
+    split_dir holds split.json. trained_split=False writes the split there from the config
+    (once; identical on a resume). trained_split=True reads the split a training run wrote,
+    and the test side refuses any task that run trained on.
+    """
+    try:
+        tasks_file = resolve_tasks_file(task_cfg.tasks_file, task_cfg.library)
+        tasks = load_tasks(tasks_file)
+    except FileNotFoundError as e:
+        raise ConfigError(str(e)) from None
+    if task_cfg.max_tasks:
+        tasks = tasks[:task_cfg.max_tasks]
+    if trained_split:
+        split = load_split(split_dir)
+        if side == "test":
+            assert_not_trained_on(split_dir, split.test)
+    else:
+        split = write_split(split_dir, tasks, task_cfg.train_fraction, seed)
+    ids = split.train if side == "train" else split.test
+    by_id = {t.id: t for t in tasks}
+    missing = [i for i in ids if i not in by_id]
+    if missing:
+        raise ConfigError(f"split task {missing[0]!r} is not in {tasks_file}; use the task file "
+                          "(and task.max_tasks) the run was split from")
+    if side == "train" and not ids:
+        raise ConfigError(f"no training tasks in {tasks_file} after the split; raise task.max_tasks "
+                          "or task.train_fraction")
+    return [by_id[i] for i in ids]

@@ -10,31 +10,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rl.types import CallRecord
+from rl.types import CallRecord, TokenSequence
 
 
 @dataclass
 class Assembly:
-    samples: list[dict]   # {"token_ids", "loss_mask", "logprobs"}
+    samples: list[TokenSequence]
     merged_calls: int     # calls appended to the previous call's sequence
     split_calls: int      # calls that had to start a new sample (after the first)
 
 
 def assemble(calls: list[CallRecord]) -> Assembly:
-    samples: list[dict] = []
+    samples: list[TokenSequence] = []
     merged = split = 0
     for call in calls:
         prev = samples[-1] if samples else None
-        if prev is not None and call.prompt_token_ids[:len(prev["token_ids"])] == prev["token_ids"]:
-            extra = call.prompt_token_ids[len(prev["token_ids"]):]
+        if prev is not None and call.prompt_token_ids[:len(prev.token_ids)] == prev.token_ids:
+            extra = call.prompt_token_ids[len(prev.token_ids):]
             merged += 1
         else:
             if prev is not None:
                 split += 1
-            prev = {"token_ids": [], "loss_mask": [], "logprobs": []}
+            prev = TokenSequence([], [], [])
             samples.append(prev)
             extra = call.prompt_token_ids
-        prev["token_ids"] += extra + call.completion_token_ids
-        prev["loss_mask"] += [0] * len(extra) + [1] * len(call.completion_token_ids)
-        prev["logprobs"] += [0.0] * len(extra) + list(call.logprobs)
-    return Assembly(samples=[s for s in samples if any(s["loss_mask"])], merged_calls=merged, split_calls=split)
+        prev.token_ids += extra + call.completion_token_ids
+        prev.loss_mask += [0] * len(extra) + [1] * len(call.completion_token_ids)
+        prev.logprobs += [0.0] * len(extra) + list(call.logprobs)
+    return Assembly(samples=[s for s in samples if any(s.loss_mask)], merged_calls=merged, split_calls=split)

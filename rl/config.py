@@ -11,7 +11,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from rl.paths import DEFAULT_WORK_ROOT
+
 DEFAULT_MODEL = "default"  # resolved by rl.default_model to the converted SmolLM2-135M folder
+SERVED_MODEL = "policy"    # the model name scaffolds ask the policy server for (it serves one policy)
 
 
 class Section(BaseModel):
@@ -22,6 +25,12 @@ class ModelConfig(Section):
     path: str = Field(DEFAULT_MODEL, description="HF folder, or 'default' for SmolLM2-135M-Instruct")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
     tool_call_parser: Literal["hermes", "qwen3_xml"] = "hermes"
+
+    def resolved_dtype(self, on_gpu: bool) -> str:
+        """The one dtype rule for engine and learner: explicit wins; auto is bf16 on GPU, fp32 on CPU."""
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if on_gpu else "float32"
 
 
 class RolloutConfig(Section):
@@ -90,9 +99,8 @@ class SyncConfig(Section):
 
 
 class TaskConfig(Section):
-    kind: Literal["length", "coding"] = "coding"
-    # length reward (loop-closure gate): prompts sampled from a fixed list, reward pushes shorter answers
-    length_target_tokens: int = Field(0, ge=0)
+    kind: Literal["length", "coding"] = Field(
+        "coding", description="length: the loop-closure gate (fixed prompts, reward pushes shorter answers)")
     tasks_file: str | None = None  # coding: JSONL written by `rlvr tasks mine`
     library: str = "toolz"
     train_fraction: float = Field(0.8, gt=0, lt=1)
@@ -112,7 +120,7 @@ class EnvConfig(Section):
     disk_mib: int = Field(512, ge=16, description="size-limited tmpfs per checkout (its disk quota)")
     test_timeout_s: float = Field(10.0, gt=0, description="per-test timeout while verifying")
     sandbox_uid_base: int = Field(61000, ge=1000, description="episode slot i runs as uid base+i")
-    work_root: str = Field("/tmp/agentic-rlvr-work", description="checkouts live here; must not be under /root")
+    work_root: str = Field(DEFAULT_WORK_ROOT, description="checkouts live here; must not be under /root")
 
 
 class ScaffoldConfig(Section):
@@ -129,7 +137,6 @@ class TrainerConfig(Section):
     seed: int = 0
     checkpoint_every: int = Field(1, ge=1)
     run_dir: str = "runs/default"
-    skip_sync: bool = False  # test hook: deliberately skip the weight sync (parity probe must catch it)
 
 
 class RayConfig(Section):
@@ -144,7 +151,7 @@ class EvalConfig(Section):
     out_dir: str = "runs/eval"
     max_tasks: int | None = Field(None, ge=1)
     parallel: int | None = Field(None, ge=1, description="episodes at once; default: every env slot")
-    model_id: str = Field("policy", description="model name the scaffold asks the policy server for")
+    model_id: str = Field(SERVED_MODEL, description="model name the scaffold asks the policy server for")
 
 
 class RunConfig(Section):

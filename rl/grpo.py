@@ -1,5 +1,21 @@
 """GRPO math: group-relative advantages and the clipped per-token policy loss.
 
+The algorithm, as this project runs it:
+1. A group is G episodes of one prompt/task; an episode's advantage is its reward minus the
+   group mean, divided by the group's population std (+1e-6). One advantage per episode,
+   shared by all its sequences and tokens.
+2. A group whose rewards are all equal gets exactly zero advantage; with beta = 0 its
+   samples are dropped before the update (they would add exactly zero gradient).
+3. Only tokens the policy generated are trained (loss_mask = 1); prompt, tool-result and
+   chat-template tokens are masked out.
+4. Per token: ratio = exp(logp - logp_rollout), against the log-probs recorded when the
+   token was sampled; objective min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)
+   (asymmetric clip, eps_high > eps_low).
+5. Optional KL to the reference (k3 estimator) with weight beta; beta = 0 (the default)
+   loads no reference model.
+6. The loss is summed over trained tokens and divided by the number of trained tokens in
+   the whole batch (all micro-batches and ranks), so every token weighs the same.
+
 Kept free of model code so the same functions serve the naive and the chunked loss paths
 and can be tested on hand-made numbers.
 """

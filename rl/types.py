@@ -1,7 +1,7 @@
 """Plain data that crosses actor boundaries (picklable dataclasses, no torch)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 @dataclass
@@ -48,3 +48,55 @@ class CallRecord:
     content: str = ""
     tool_calls: list[dict] = field(default_factory=list)  # parsed OpenAI-style tool calls
     seconds: float = 0.0
+
+
+@dataclass
+class TokenSequence:
+    """One rollout sequence before it gets an advantage: prompt + generated tokens.
+
+    loss_mask[i] == 1 marks a token the policy generated; logprobs[i] is its sampled
+    log-prob there, else 0.0 (see TrainSample).
+    """
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+
+
+@dataclass
+class EpisodeRecord:
+    """What one episode did, the same fields for training and evaluation.
+
+    Built only by the episode runner (scaffolds/episode.py). A single-turn episode (the
+    length reward's) fills reward, tokens and clipped, and leaves the agentic fields None.
+    """
+    reward: float
+    tokens: int                          # completion tokens the policy generated
+    clipped: bool                        # some model call stopped at its max_tokens
+    task: str | None = None
+    episode: str | None = None           # the policy server's episode id
+    reward_parts: dict | None = None
+    edited: bool | None = None
+    tests_passed: int | None = None
+    tests_total: int | None = None
+    turns: int | None = None
+    tool_calls: int | None = None
+    tool_failures: int | None = None
+    stop_reason: str | None = None
+    error: str | None = None             # the scaffold's
+    reward_error: str | None = None      # the verifier's
+    calls: int | None = None
+    merged_calls: int | None = None
+    split_calls: int | None = None
+    seconds: float | None = None
+    reward_seconds: float | None = None
+    events: str | None = None            # pi's event log, when one was kept
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "EpisodeRecord":
+        """Read a record back from a JSON line that may carry extra (envelope) keys."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    @property
+    def agentic(self) -> bool:
+        return self.tool_calls is not None

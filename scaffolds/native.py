@@ -8,18 +8,10 @@ import time
 import openai
 import ray
 
+from envs.tools import PI_TOOLS
 from rl.config import ScaffoldConfig
 from scaffolds.outcome import EpisodeOutcome
 from scaffolds.system_prompt import render_system_prompt
-
-PI_DEFAULT_TOOLS = ("read", "bash", "edit", "write")
-
-
-def pi_tool_schemas() -> list[dict]:
-    """pi's default tool set with its exact JSON schemas."""
-    from envs.tools import PI_TOOLS
-    by_name = {t["function"]["name"]: t for t in PI_TOOLS}
-    return [by_name[name] for name in PI_DEFAULT_TOOLS]
 
 
 def run_native_episode(episode_url: str, model_id: str, env_actor, env_episode: str, task_prompt: str,
@@ -30,7 +22,7 @@ def run_native_episode(episode_url: str, model_id: str, env_actor, env_episode: 
     client = openai.OpenAI(base_url=episode_url, api_key="local", max_retries=0)
     messages: list[dict] = [{"role": "system", "content": render_system_prompt(cwd)},
                             {"role": "user", "content": task_prompt}]
-    tools = pi_tool_schemas()
+    tools = [dict(t) for t in PI_TOOLS]  # pi's default tools (read, bash, edit, write), its schemas
     out = EpisodeOutcome(stop_reason="max_turns")
     tokens_used = 0
     while out.turns < cfg.max_turns:

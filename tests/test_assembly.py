@@ -14,9 +14,9 @@ def test_extending_prompts_merge_with_masked_tool_tokens():
     asm = assemble([first, second])
     assert (asm.merged_calls, asm.split_calls) == (1, 0)
     [s] = asm.samples
-    assert s["token_ids"] == [1, 2, 3, 10, 11, 20, 21, 12]
-    assert s["loss_mask"] == [0, 0, 0, 1, 1, 0, 0, 1]
-    assert s["logprobs"] == [0, 0, 0, -0.5, -0.5, 0, 0, -0.5]
+    assert s.token_ids == [1, 2, 3, 10, 11, 20, 21, 12]
+    assert s.loss_mask == [0, 0, 0, 1, 1, 0, 0, 1]
+    assert s.logprobs == [0, 0, 0, -0.5, -0.5, 0, 0, -0.5]
 
 
 def test_rerendered_history_splits_into_separate_samples():
@@ -25,8 +25,8 @@ def test_rerendered_history_splits_into_separate_samples():
     second = call([1, 2, 3, 99, 11, 20], [12, 13])
     asm = assemble([first, second])
     assert (asm.merged_calls, asm.split_calls) == (0, 1)
-    assert [s["token_ids"] for s in asm.samples] == [[1, 2, 3, 10, 11], [1, 2, 3, 99, 11, 20, 12, 13]]
-    assert asm.samples[1]["loss_mask"] == [0] * 6 + [1, 1]
+    assert [s.token_ids for s in asm.samples] == [[1, 2, 3, 10, 11], [1, 2, 3, 99, 11, 20, 12, 13]]
+    assert asm.samples[1].loss_mask == [0] * 6 + [1, 1]
 
 
 def test_calls_without_generated_tokens_yield_no_sample():

@@ -62,3 +62,13 @@ def test_known_bad_combinations_rejected(overrides, message):
 def test_known_bad_combinations_have_escape_hatches():
     load_config(None, ["learner.lora_target_modules=[q_proj, lm_head]", "learner.loss_impl=naive"])
     load_config(None, ["ray.expandable_segments=true", "rollout.sleep_level=0"])
+
+
+@pytest.mark.parametrize("argv", [["train", "trainer.stepz=3"], ["eval", "trainer.stepz=3"],
+                                  ["best-of-n", "--repo", ".", "--task", "t", "--test-cmd", "true", "trainer.stepz=3"]])
+def test_every_subcommand_reports_a_config_error_cleanly(argv, capsys):
+    from cli.main import main
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"rlvr {argv[0]}: invalid config" in err and "trainer.stepz: unknown key" in err
+    assert "Traceback" not in err

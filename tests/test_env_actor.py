@@ -7,14 +7,15 @@ import dataclasses
 import pytest
 import ray
 
-from actors.env_actor import make_env_actor
+from orchestrator.cluster import spawn_env_actors
+from rl.config import RunConfig
 from tests.envs_fixtures import env_cfg, task_by_qualname, toolz_tasks
 
 
 @pytest.fixture(scope="module")
 def actor():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    handle = make_env_actor(env_cfg(pool_size=2), num_cpus=0.5)
+    [handle] = spawn_env_actors(RunConfig(env=env_cfg(pool_size=2, num_cpus=0.5)))
     yield handle
     ray.get(handle.shutdown.remote())
     ray.shutdown()

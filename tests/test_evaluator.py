@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from rl.eval_report import RECORDS_FILE, append_record, load_records, repair_tail, summarize, write_report
+from orchestrator.eval_report import RECORDS_FILE, append_record, load_records, summarize, write_report
+from rl.jsonl import repair_tail
 
 REPO = Path(__file__).resolve().parent.parent
 WORK_ROOT = "/tmp/agentic-rlvr-test-eval"
@@ -69,7 +70,7 @@ def test_report_is_recomputed_from_records(tmp_path):
 
 
 def test_plan_mismatch_refuses_to_mix_evaluations(tmp_path):
-    from actors.evaluator import Evaluator, PlanMismatch
+    from orchestrator.evaluator import Evaluator, PlanMismatch
     from rl.config import RunConfig
     ev = Evaluator(RunConfig(), str(tmp_path))
     ev._check_plan({"tasks": ["a"], "k": 3})
@@ -80,7 +81,7 @@ def test_plan_mismatch_refuses_to_mix_evaluations(tmp_path):
 
 # --- the real thing: `rlvr eval` killed mid-way, then resumed ------------------------------
 def _eval_cmd(out: Path) -> list[str]:
-    return [sys.executable, "-m", "rl.cli", "eval", "--out", str(out),
+    return [sys.executable, "-m", "cli.main", "eval", "--out", str(out),
             "eval.k=2", "eval.max_tasks=2", "task.max_tasks=10", "env.pool_size=1", "env.sandbox_uid_base=64500",
             f"env.work_root={WORK_ROOT}", "scaffold.max_turns=1", "scaffold.wall_clock_s=120",
             "rollout.max_tokens=96", "rollout.max_model_len=4096", "rollout.tool_choice=required",
@@ -129,7 +130,7 @@ def _unmount_leftovers(root: str) -> None:
 
 # --- best-of-N selection (rlvr best-of-n) ------------------------------------------------
 def test_best_of_n_scores_by_tests_passing():
-    from scaffolds.cli import score_tests
+    from cli.best_of_n import score_tests
     assert score_tests(0, "=== 12 passed in 0.5s ===") == (1.0, "12 passed")
     score, text = score_tests(1, "=== 3 failed, 9 passed, 1 error in 0.9s ===")
     assert score == pytest.approx(9 / 13) and text == "9 passed, 3 failed, 1 error"
@@ -139,7 +140,7 @@ def test_best_of_n_scores_by_tests_passing():
 
 
 def test_repo_diff_shows_only_source_changes(tmp_path):
-    from scaffolds.cli import repo_diff
+    from cli.best_of_n import repo_diff
     a, b = tmp_path / "a", tmp_path / "b"
     for d in (a, b):
         (d / "__pycache__").mkdir(parents=True)

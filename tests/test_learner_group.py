@@ -57,12 +57,12 @@ def test_split_by_tokens_balances_and_keeps_every_sample():
 
 def test_group_replicas_agree_and_match_single_learner(ray_cluster, tiny_model_path, tmp_path):
     from actors.learner import Learner
-    from actors.learner_group import LearnerGroup
+    from orchestrator.cluster import spawn_learners
 
     ray = ray_cluster
     cfg = run_cfg(2)
     batches = [samples(6, seed=1), samples(5, seed=2)]
-    group = LearnerGroup(cfg, tiny_model_path)
+    group = spawn_learners(cfg, tiny_model_path)
     single = Learner(tiny_model_path, run_cfg(1).learner, cfg.model, seed=cfg.trainer.seed)
     try:
         init = ray.get(group.replica_refs("lora_state"))
@@ -79,7 +79,7 @@ def test_group_replicas_agree_and_match_single_learner(ray_cluster, tiny_model_p
             scale = want.abs().max().item()
             err = (grads[k] - want).abs().max().item()
             assert err <= 8 * torch.finfo(torch.float32).eps * expected[0]["tokens"] ** 0.5 * scale, k
-        metrics.append(ray.get(group.train_step.remote(batches[1])))
+        metrics.append(group.train_step(batches[1]))
         expected.append(single.train_step(batches[1]))
         for got, want in zip(metrics, expected):
             for key in ("loss", "grad_norm", "clip_frac", "ratio_mean", "tokens"):
@@ -95,15 +95,20 @@ def test_group_replicas_agree_and_match_single_learner(ray_cluster, tiny_model_p
         ids = batches[0][0].token_ids
         torch.testing.assert_close(torch.tensor(group.sequence_logprobs(ids)),
                                    torch.tensor(single.sequence_logprobs(ids)), rtol=1e-4, atol=1e-5)
-        adapter = ray.get(group.save_adapter.remote(str(tmp_path / "adapter")))
+        adapter = group.save_adapter(str(tmp_path / "adapter"))
         assert os.path.isfile(os.path.join(adapter, "adapter_model.safetensors"))
         assert group.num_trainable_params() == single.num_trainable_params()
     finally:
         group.shutdown()
 
 
-def test_group_rejects_a_single_learner_config(tiny_model_path):
-    from actors.learner_group import LearnerGroup
+def test_a_group_of_one_is_one_actor_without_a_process_group(ray_cluster, tiny_model_path):
+    from orchestrator.cluster import spawn_learners
 
-    with pytest.raises(ValueError, match="num_learners >= 2"):
-        LearnerGroup(run_cfg(1), tiny_model_path)
+    group = spawn_learners(run_cfg(1), tiny_model_path)
+    try:
+        assert group.world_size == 1 and len(group.actors) == 1
+        metrics = group.train_step(samples(3, seed=4))
+        assert metrics["tokens"] > 0 and group.num_trainable_params() > 0
+    finally:
+        group.shutdown()

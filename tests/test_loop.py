@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import ray
 
-from actors.weight_sync import WeightSync
+from orchestrator.metrics import read_metrics
+from orchestrator.parity import ParityError
+from orchestrator.weight_sync import WeightSync
 from rl.config import load_config
-from rl.metrics import read_metrics
-from rl.parity import ParityError
 
 LENGTH_CFG = Path(__file__).parent.parent / "configs" / "length.yaml"
-RLVR = [sys.executable, "-m", "rl.cli"]
+RLVR = [sys.executable, "-m", "cli.main"]
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def fresh_ray():
 
 def test_loop_closes_on_the_served_policy(tmp_path, model_path, fresh_ray):
     """Loop-closure gate: the reward of samples drawn from the *served* vLLM policy rises."""
-    from rl.driver import Trainer
+    from orchestrator.loop import Trainer
     cfg = load_config(LENGTH_CFG, [f"trainer.run_dir={tmp_path / 'run'}", "trainer.steps=4"])
     Trainer(cfg).run()
     metrics = read_metrics(tmp_path / "run")
@@ -47,7 +47,7 @@ class SkippedSync(WeightSync):
 
 
 def test_parity_probe_catches_a_skipped_sync(tmp_path, model_path, fresh_ray):
-    from rl.driver import Trainer
+    from orchestrator.loop import Trainer
     run_dir = tmp_path / "run"
     cfg = load_config(LENGTH_CFG, [f"trainer.run_dir={run_dir}", "trainer.steps=2", "learner.lr=0.02"])
     with pytest.raises(ParityError, match="after sync at step 1"):

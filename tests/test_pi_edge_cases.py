@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
-
 from fake_openai_server import FakeOpenAIServer, http_error, stall, text, tool_call
+
+from envs.sandbox import Sandbox, SandboxUnavailable, check_host, chown_tree
 from rl.config import ScaffoldConfig
 from scaffolds import pi_agent
-from envs.sandbox import Sandbox, SandboxUnavailable, check_host, chown_tree
 from scaffolds.pi_agent import HostLauncher, SandboxLauncher, run_pi_episode
 
 pytestmark = pytest.mark.skipif(not pi_agent.pi_cli_path().exists(), reason="pi not installed (scripts/setup.sh)")

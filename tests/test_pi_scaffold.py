@@ -8,8 +8,8 @@ import json
 import math
 
 import pytest
-
 from envs_fixtures import env_cfg, toolz_tasks
+
 from rl.config import RunConfig
 from scaffolds import pi_agent
 
@@ -21,9 +21,7 @@ pytestmark = [pytest.mark.heavy,
 def stack(model_path):
     import ray
 
-    from actors.env_actor import EnvActor
-    from actors.rollout_worker import RolloutWorker
-    from rl.ray_setup import actor_env, connect
+    from orchestrator.cluster import connect, spawn_env_actors, spawn_rollout_workers
 
     cfg = RunConfig.model_validate({
         "rollout": {"max_model_len": 4096, "max_tokens": 192, "tool_choice": "required",
@@ -32,10 +30,9 @@ def stack(model_path):
         "env": env_cfg(sandbox_uid_base=64300).model_dump(),
         "ray": {"address": None}})
     connect(cfg)
-    worker = ray.remote(RolloutWorker).options(num_cpus=1, runtime_env=actor_env(cfg, 1)).remote(
-        model_path, cfg.rollout, cfg.model, False)
+    [worker] = spawn_rollout_workers(cfg, model_path, enable_lora=False, count=1)
     base = ray.get(worker.start_server.remote())
-    env_actor = ray.remote(EnvActor).options(num_cpus=0.5, max_concurrency=4).remote(cfg.env)
+    [env_actor] = spawn_env_actors(cfg)
     yield cfg, worker, base, env_actor
     ray.get(env_actor.shutdown.remote())
     ray.get(worker.shutdown.remote())

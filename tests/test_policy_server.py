@@ -2,16 +2,12 @@
 from __future__ import annotations
 
 import json
-import os
 import threading
 
 import httpx
 import pytest
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-
-from rl.config import ModelConfig, RolloutConfig  # noqa: E402
+from rl.config import ModelConfig, RolloutConfig
 
 # Keys in the order vLLM's request model dumps them, so a plain render of these dicts is
 # byte-identical to what the server renders.
@@ -23,12 +19,6 @@ BASH_TOOL = {"type": "function", "function": {
     "name": "bash", "description": "Run a shell command",
     "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
                    "required": ["command"], "additionalProperties": False}, "strict": True}}
-
-
-@pytest.fixture(scope="module")
-def model_path() -> str:
-    from rl.default_model import resolve_model_path
-    return resolve_model_path("default")
 
 
 @pytest.fixture(scope="module")

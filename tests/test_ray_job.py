@@ -65,7 +65,7 @@ def test_ray_job_submit_runs_training_and_exports_metrics(ray_head, tmp_path, mo
     _wait_for_jobs_api(address)
     for _ in range(30):  # the head's job agent registers a little after the Jobs API answers
         submit = subprocess.run(
-            [RAY, "job", "submit", "--address", address, "--no-wait", "--", sys.executable, "-m", "rl.cli", "train",
+            [RAY, "job", "submit", "--address", address, "--no-wait", "--", sys.executable, "-m", "cli.main", "train",
              str(REPO / "configs" / "length.yaml"), "ray.address=auto", f"trainer.run_dir={run_dir}",
              "trainer.steps=2", "trainer.batch_size=2", "trainer.group_size=4"],
             env=env, capture_output=True, text=True, timeout=120)

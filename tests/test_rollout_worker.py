@@ -7,18 +7,9 @@ import shutil
 
 import pytest
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-
-from rl.config import ModelConfig, RolloutConfig  # noqa: E402
+from rl.config import ModelConfig, RolloutConfig
 
 PROMPT = "<|im_start|>user\nName three fruits.<|im_end|>\n<|im_start|>assistant\n"
-
-
-@pytest.fixture(scope="module")
-def model_path() -> str:
-    from rl.default_model import resolve_model_path
-    return resolve_model_path("default")
 
 
 @pytest.fixture(scope="module")
@@ -151,20 +142,18 @@ def test_reload_weights_serves_new_weights(worker, model_path, prompt_ids, tmp_p
 
 @pytest.mark.heavy
 def test_worker_as_ray_actor_serves_and_records(model_path):
-    """The driver's way: ray.remote(RolloutWorker).options(num_cpus=...), server URL back to the caller."""
+    """The driver's way (orchestrator.cluster builds it), server URL back to the caller."""
     import httpx
     import ray
 
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    from actors.rollout_worker import RolloutWorker
+    from orchestrator.cluster import spawn_rollout_workers
+    from rl.config import RunConfig
 
-    cfg = RolloutConfig(max_model_len=512, max_tokens=16)
+    cfg = RunConfig.model_validate({"rollout": {"max_model_len": 512, "max_tokens": 16}, "task": {"kind": "length"}})
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}})
     try:
-        actor = ray.remote(RolloutWorker).options(num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus) \
-            .remote(model_path, cfg, ModelConfig(), False, 8)
+        [actor] = spawn_rollout_workers(cfg, model_path, enable_lora=False, count=1)
         base = ray.get(actor.start_server.remote())
         r = httpx.post(f"{base}/episodes/ray-ep/v1/chat/completions", timeout=120,
                        json={"model": "policy", "messages": [{"role": "user", "content": "Hello"}]})

@@ -79,9 +79,9 @@ def _identity(item) -> tuple[int, int]:
 
 class _Verifier:
     def __init__(self) -> None:
-        import _pytest.runner  # noqa: F401  (make sure the machinery is loaded before the snapshot)
-        import _pytest.reports  # noqa: F401
         import _pytest.python  # noqa: F401
+        import _pytest.reports  # noqa: F401
+        import _pytest.runner  # noqa: F401  (make sure the machinery is loaded before the snapshot)
         import _pytest.unittest  # noqa: F401
         self.machinery = _snapshot()
         self.items: dict[str, tuple] = {}

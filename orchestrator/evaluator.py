@@ -1,7 +1,7 @@
 """Evaluator: held-out tasks x k samples through a scaffold (pi by default) against a served
 policy, one durable raw record per finished episode, resumable.
 
-Plain class, made a Ray actor at the call site (`make_evaluator`). The out dir holds
+Plain class, made a Ray actor by orchestrator.cluster.spawn_evaluator. The out dir holds
 `plan.json` (what is being evaluated; a resume must match it) and `episodes.jsonl` (the raw
 records). A killed evaluation, run again with the same plan, re-runs only the (task, sample)
 pairs without a record; every report is recomputed from the records (rl/eval_report.py).
@@ -12,13 +12,13 @@ import json
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, replace
 from pathlib import Path
 
-import ray
-
 from envs.tasks import Task
+from orchestrator.eval_report import RECORDS_FILE, append_record, load_records, record_key, write_report
 from rl.config import RunConfig
-from rl.eval_report import RECORDS_FILE, append_record, load_records, record_key, repair_tail, write_report
+from scaffolds.episode import EpisodeSettings, run_episode, safe_id
 
 
 class PlanMismatch(ValueError):
@@ -60,7 +60,6 @@ class Evaluator:
         e = self.cfg.eval
         self._check_plan({"tasks": [t.id for t in tasks], "k": e.k, "scaffold": e.scaffold,
                           "model": model_id, "model_path": self.cfg.model.path})
-        repair_tail(self.records_path)
         todo = self.pending(tasks, e.k)
         if max_episodes is not None:
             todo = todo[:max_episodes]
@@ -69,55 +68,23 @@ class Evaluator:
         slots = len(env_actors) * self.cfg.env.pool_size
         parallel = max(1, min(e.parallel or slots, slots))
         with ThreadPoolExecutor(max_workers=parallel) as pool:
-            futures = [pool.submit(self._episode, task, sample, base_url, model_id,
+            settings = replace(EpisodeSettings.for_eval(self.cfg), model_id=model_id)
+            futures = [pool.submit(self._episode, task, sample, base_url, settings,
                                    env_actors[i % len(env_actors)], worker)
                        for i, (task, sample) in enumerate(todo)]
             for f in futures:
                 f.result()  # an infrastructure failure surfaces; finished records are already on disk
         return write_report(self.out, title=f"{e.scaffold} eval of {model_id} (k={e.k})")
 
-    def _episode(self, task: Task, sample: int, base_url: str, model_id: str, env_actor, worker) -> dict:
-        from scaffolds.pi_agent import run_pi_episode_on_actor
+    def _episode(self, task: Task, sample: int, base_url: str, settings: EpisodeSettings, env_actor,
+                 worker) -> dict:
         episode_id = f"eval-{self.attempt}-{uuid.uuid4().hex[:8]}"
-        url = f"{base_url}/episodes/{episode_id}/v1"
-        env_episode = ray.get(env_actor.open_episode.remote(task))
-        events = self.out / "events" / f"{_safe(task.id)}-s{sample}.jsonl"
-        try:
-            if self.cfg.eval.scaffold == "pi":
-                outcome = run_pi_episode_on_actor(
-                    env_actor, env_episode, task.problem_statement, url, model_id, self.cfg.scaffold,
-                    context_window=self.cfg.rollout.max_model_len, max_tokens=self.cfg.rollout.max_tokens,
-                    events_path=str(events))
-            else:
-                from scaffolds.native import run_native_episode
-                cwd = ray.get(env_actor.sandbox_cwd.remote(env_episode))
-                outcome = run_native_episode(url, model_id, env_actor, env_episode, task.problem_statement,
-                                             cwd, self.cfg.scaffold)
-        finally:
-            reward = ray.get(env_actor.finish.remote(env_episode))
-        calls = ray.get(worker.take_episode_calls.remote(episode_id)) if worker is not None else []
-        record = {
-            "task": task.id, "sample": sample, "episode": episode_id, "attempt": self.attempt,
-            "scaffold": self.cfg.eval.scaffold, "model": model_id,
-            "reward": reward.reward, "edited": reward.edited, "tests_passed": reward.tests_passed,
-            "tests_total": reward.tests_total, "reward_error": reward.error,
-            "turns": outcome.turns, "tool_calls": outcome.tool_calls, "tool_failures": outcome.tool_failures,
-            "stop_reason": outcome.stop_reason, "error": outcome.error, "seconds": outcome.seconds,
-            "reward_seconds": reward.seconds, "calls": len(calls),
-            "completion_tokens": sum(len(c.completion_token_ids) for c in calls),
-            "clipped": any(c.finish_reason == "length" for c in calls),
-            "events": str(events) if events.exists() else None, "finished_at": time.time(),
-        }
+        events = self.out / "events" / f"{safe_id(task.id)}-s{sample}.jsonl"
+        run = run_episode(env_actor, worker, task, episode_id, base_url, settings, events_path=events)
+        record = {**asdict(run.record), "sample": sample, "attempt": self.attempt, "scaffold": settings.scaffold,
+                  "model": settings.model_id, "finished_at": time.time()}
         append_record(self.records_path, record)
-        print(f"[rlvr eval] {task.id} s{sample}: reward {reward.reward:.2f} "
-              f"({outcome.stop_reason}, {outcome.turns} turns, {outcome.seconds:.0f}s)", flush=True)
+        r = run.record
+        print(f"[rlvr eval] {task.id} s{sample}: reward {r.reward:.2f} "
+              f"({r.stop_reason}, {r.turns} turns, {r.seconds:.0f}s)", flush=True)
         return record
-
-
-def _safe(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:120]
-
-
-def make_evaluator(cfg: RunConfig, out_dir: str, num_cpus: float = 0.1, **options):
-    """A Ray actor handle; it mostly waits on other actors, so it asks for little CPU."""
-    return ray.remote(Evaluator).options(num_cpus=num_cpus, **options).remote(cfg, out_dir)

@@ -7,19 +7,10 @@ which is exactly the policy the resumed job restores, so they stay on-policy.
 """
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-
-@dataclass
-class Episode:
-    """One rollout: its samples (without advantage yet), reward and trace record."""
-    group_id: str
-    reward: float
-    samples: list[dict]            # {"token_ids", "loss_mask", "logprobs"}
-    record: dict = field(default_factory=dict)
+from orchestrator.rollouts.base import Episode
+from rl.jsonl import append_durable, read_complete
 
 
 class EpisodeStore:
@@ -31,23 +22,13 @@ class EpisodeStore:
         return self.dir / f"step_{step:06d}.jsonl"
 
     def append_group(self, step: int, episodes: list[Episode]) -> None:
-        line = json.dumps([asdict(e) for e in episodes])
-        with open(self._path(step), "a") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_durable(self._path(step), [[e.to_json() for e in episodes]])
 
     def load_groups(self, step: int) -> dict[str, list[Episode]]:
-        """Completed groups of a step, keyed by group id; a torn last line is ignored."""
-        path = self._path(step)
+        """Completed groups of a step, keyed by group id (a torn last line is not one)."""
         groups: dict[str, list[Episode]] = {}
-        if not path.exists():
-            return groups
-        for line in path.read_text().splitlines():
-            try:
-                episodes = [Episode(**e) for e in json.loads(line)]
-            except json.JSONDecodeError:
-                continue
+        for line in read_complete(self._path(step)):
+            episodes = [Episode.from_json(e) for e in line]
             if episodes:
                 groups[episodes[0].group_id] = episodes
         return groups

@@ -19,9 +19,10 @@ def parity_gap(learner_lp: list[float], served_lp: list[float]) -> tuple[float, 
 
 
 def run_parity_probe(learner, workers: list, token_ids: list[int], threshold: float, when: str) -> float:
-    learner_lp = ray.get(learner.sequence_logprobs.remote(token_ids))
+    served = [w.prompt_logprobs.remote(token_ids) for w in workers]
+    learner_lp = learner.sequence_logprobs(token_ids)
     worst = 0.0
-    for i, served_lp in enumerate(ray.get([w.prompt_logprobs.remote(token_ids) for w in workers])):
+    for i, served_lp in enumerate(ray.get(served)):
         mean_gap, max_gap = parity_gap(learner_lp, served_lp)
         if mean_gap > threshold:
             raise ParityError(

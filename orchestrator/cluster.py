@@ -1,4 +1,5 @@
-"""Connecting to Ray and placing the actors.
+"""Connecting to Ray, placing the actors, and building them: the one place where train,
+eval and tests construct rollout workers, env actors and learners.
 
 Embedded mode (`ray.address: null`) starts a private Ray with enough logical CPUs for the
 actors; under `ray job submit` (`ray.address: auto`) the job joins the cluster. Every actor
@@ -9,22 +10,28 @@ bundles are the actors' resource shapes, so fractional GPUs share a card by conf
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import ray
 from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from actors.engine import engine_env_vars
+from actors.env_actor import EnvActor
+from actors.learner_group import LearnerGroup
+from actors.rollout_worker import RolloutWorker
+from orchestrator.evaluator import Evaluator
 from rl.config import RunConfig
+from rl.default_model import resolve_model_path
 
 
 def actor_env(cfg: RunConfig, threads: int) -> dict:
     """Environment for actor processes: thread counts and vLLM's CPU knobs, set before import."""
     return {"env_vars": {
-        "OMP_NUM_THREADS": str(threads),
+        **engine_env_vars(cfg.rollout, threads),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "MKL_NUM_THREADS": str(threads),
         "TOKENIZERS_PARALLELISM": "false",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_CPU_KVCACHE_SPACE": str(cfg.rollout.cpu_kvcache_gib),
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True" if cfg.ray.expandable_segments else "",
         "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
         "NCCL_NVLS_ENABLE": "0",  # NVLink multicast off for the data-parallel learner group
@@ -76,3 +83,53 @@ class Placement:
                 "runtime_env": actor_env(cfg, threads),
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(
                     self.group, placement_group_bundle_index=self.offsets[role] + i)}
+
+
+def _unplaced(cfg: RunConfig, role: str, threads: int = 1) -> dict:
+    """Options without a placement group (eval and tests): the same resource shape."""
+    shape = bundles(cfg)[role][0]
+    return {"num_cpus": shape["CPU"], "num_gpus": shape.get("GPU", 0), "runtime_env": actor_env(cfg, threads)}
+
+
+def _options(cfg: RunConfig, placement: Placement | None, role: str, i: int, threads: int = 1) -> dict:
+    return placement.options(role, i, cfg, threads) if placement is not None else _unplaced(cfg, role, threads)
+
+
+def spawn_rollout_workers(cfg: RunConfig, model_path: str, placement: Placement | None = None,
+                          enable_lora: bool | None = None, count: int | None = None) -> list:
+    """RolloutWorker actors serving model_path (rollout.num_workers of them; LoRA on unless
+    sync is merged)."""
+    lora = cfg.sync.strategy == "lora" if enable_lora is None else enable_lora
+    threads = max(1, int(cfg.rollout.num_cpus))
+    return [ray.remote(RolloutWorker).options(**_options(cfg, placement, "rollout", i, threads))
+            .remote(model_path, cfg.rollout, cfg.model, lora, cfg.learner.lora_rank)
+            for i in range(cfg.rollout.num_workers if count is None else count)]
+
+
+def start_policy(cfg: RunConfig, adapter: str | None = None) -> tuple:
+    """One RolloutWorker serving the config's model (plus an optional LoRA adapter): (handle, base_url)."""
+    connect(cfg)
+    [worker] = spawn_rollout_workers(cfg, resolve_model_path(cfg.model.path), enable_lora=adapter is not None,
+                                     count=1)
+    if adapter:
+        ray.get(worker.load_lora_adapter.remote(str(Path(adapter).resolve())))
+    return worker, ray.get(worker.start_server.remote())
+
+
+def spawn_env_actors(cfg: RunConfig, placement: Placement | None = None) -> list:
+    """env.num_env_actors EnvActors; each serves pool_size episodes plus one control call at once."""
+    return [ray.remote(EnvActor).options(**_options(cfg, placement, "env", i), max_concurrency=cfg.env.pool_size + 1)
+            .remote(cfg.env) for i in range(cfg.env.num_env_actors)]
+
+
+def spawn_evaluator(cfg: RunConfig, out_dir: str, num_cpus: float = 0.1):
+    """The Evaluator actor; it mostly waits on other actors, so it asks for little CPU."""
+    return ray.remote(Evaluator).options(num_cpus=num_cpus).remote(cfg, out_dir)
+
+
+def spawn_learners(cfg: RunConfig, model_path: str, placement: Placement | None = None,
+                   threads: int | None = None) -> LearnerGroup:
+    """learner.num_learners Learner actors as one group (size 1 is a single actor)."""
+    threads = threads or cfg.learner.torch_threads
+    options = [_options(cfg, placement, "learner", i, threads) for i in range(cfg.learner.num_learners)]
+    return LearnerGroup(cfg, model_path, options)

@@ -2,15 +2,28 @@
 Ray dashboard (Ray's metrics API, exported through the node's Prometheus endpoint)."""
 from __future__ import annotations
 
-import json
+import contextlib
 import math
-import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+from rl.jsonl import append_durable, read_complete, rewrite
 
 DASHBOARD_KEYS = ("reward_mean", "reward_std", "frac_reward_zero_std", "gen_tokens_per_s",
                   "time_rollout_s", "time_learn_s", "time_sync_s", "parity_gap",
                   "tools/failure_frequency", "clipped_ratio", "frac_edited", "loss")
+
+
+@contextlib.contextmanager
+def timed(name: str, timings: dict[str, float]) -> Iterator[None]:
+    """Adds the block's wall time to timings[f"time_{name}_s"]: a step reads as named phases."""
+    t0 = time.time()
+    try:
+        yield
+    finally:
+        key = f"time_{name}_s"
+        timings[key] = timings.get(key, 0.0) + time.time() - t0
 
 
 class MetricsLog:
@@ -27,26 +40,11 @@ class MetricsLog:
 
     def truncate_after(self, step: int) -> None:
         """On resume: drop records of steps past the checkpoint (and a torn last line)."""
-        if not self.path.exists():
-            return
-        kept = []
-        for line in self.path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if rec.get("step", math.inf) <= step:
-                kept.append(line)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(l + "\n" for l in kept))
-        os.replace(tmp, self.path)
+        if self.path.exists():
+            rewrite(self.path, [r for r in read_complete(self.path) if r.get("step", math.inf) <= step])
 
     def log(self, step: int, metrics: dict) -> None:
-        record = {"step": step, "time": time.time(), **metrics}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_durable(self.path, [{"step": step, "time": time.time(), **metrics}])
         for key, gauge in self._gauges.items():
             value = metrics.get(key)
             if isinstance(value, (int, float)) and math.isfinite(value):
@@ -56,5 +54,4 @@ class MetricsLog:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
+    return read_complete(Path(run_dir) / "metrics.jsonl")

@@ -1,4 +1,4 @@
-"""Checkpoints: learner state (LoRA, optimizer, RNG) + trainer state (step, data cursor),
+"""Checkpoints: learner state (LoRA, optimizer, RNG) + trainer state (step, Python RNG),
 published atomically so a job killed at any moment resumes from the last complete one."""
 from __future__ import annotations
 
@@ -6,8 +6,6 @@ import json
 import os
 import shutil
 from pathlib import Path
-
-import ray
 
 KEEP_LAST = 2
 
@@ -22,7 +20,7 @@ def save_checkpoint(run_dir: Path, step: int, learner, trainer_state: dict) -> P
     tmp = root / f".step_{step:06d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    ray.get(learner.save_state.remote(str(tmp / "learner")))
+    learner.save_state(str(tmp / "learner"))
     (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}, indent=1))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)

@@ -28,7 +28,7 @@ class LoraAdapterSync(WeightSync):
 
     def sync(self, learner, workers: list, step: int) -> None:
         root = self.run_dir / "adapters"
-        path = ray.get(learner.save_adapter.remote(str(root / f"step_{step:06d}")))
+        path = learner.save_adapter(str(root / f"step_{step:06d}"))
         ray.get([w.load_lora_adapter.remote(path) for w in workers])
         for old in sorted(root.glob("step_*"))[:-1]:
             shutil.rmtree(old)
@@ -39,7 +39,7 @@ class MergedWeightsSync(WeightSync):
     name = "merged"
 
     def sync(self, learner, workers: list, step: int) -> None:
-        path = ray.get(learner.save_merged.remote(str(self.run_dir / "merged_weights")))
+        path = learner.save_merged(str(self.run_dir / "merged_weights"))
         ray.get([w.reload_weights.remote(path) for w in workers])
 
 

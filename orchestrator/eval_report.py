@@ -7,9 +7,10 @@ partly re-run evaluation can never report a stale aggregate.
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter, defaultdict
 from pathlib import Path
+
+from rl.jsonl import append_durable, read_complete
 
 RECORDS_FILE = "episodes.jsonl"
 PASS_REWARD = 1.0  # the reward for a full pass (every FAIL_TO_PASS and PASS_TO_PASS test)
@@ -20,59 +21,23 @@ def record_key(record: dict) -> tuple[str, int]:
 
 
 def append_record(path: str | Path, record: dict) -> None:
-    """Append one finished episode and fsync, so a kill right after loses nothing."""
+    """Append one finished episode durably, so a kill right after loses nothing."""
     for field in ("task", "sample", "reward"):
         if field not in record:
             raise ValueError(f"evaluation record lacks {field!r}: {record}")
-    line = json.dumps(record, sort_keys=True) + "\n"
-    with open(path, "a") as f:
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
+    append_durable(path, [record], sort_keys=True)
 
 
 def load_records(path: str | Path) -> list[dict]:
-    """Finished episodes, first record per (task, sample) wins.
-
-    A last line without its newline was being written when the process died: that episode did
-    not finish, so it is dropped (and re-run on resume). Damage anywhere else is an error.
-    """
-    path = Path(path)
-    if not path.exists():
-        return []
-    text = path.read_text()
-    lines = text.split("\n")
-    complete, partial = lines[:-1], lines[-1]
+    """Finished episodes, first record per (task, sample) wins; a torn last line was an
+    episode that did not finish (it runs again on resume), damage elsewhere is an error."""
     records, seen = [], set()
-    for n, line in enumerate(complete, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n} is not a JSON record ({e}); the log is damaged — "
-                             "fix or remove that line, then resume") from None
+    for rec in read_complete(path):
         key = record_key(rec)
         if key not in seen:
             seen.add(key)
             records.append(rec)
-    if partial.strip():
-        print(f"[rlvr eval] {path}: ignoring an unfinished last line ({len(partial)} chars); "
-              "that episode will run again", flush=True)
     return records
-
-
-def repair_tail(path: str | Path) -> None:
-    """Cut an unfinished last line so appends start on a fresh line."""
-    path = Path(path)
-    if not path.exists():
-        return
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        with open(path, "r+b") as f:
-            f.truncate(data.rfind(b"\n") + 1)
-            f.flush()
-            os.fsync(f.fileno())
 
 
 def passed(record: dict) -> bool:

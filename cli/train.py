@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rl.config import ConfigError, load_config
+from rl.config import load_config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 
@@ -23,16 +23,9 @@ def train(args) -> int:
         if (run_dir / "config.yaml").exists():
             raise SystemExit(f"{run_dir} already holds a run: resume it with `rlvr train --resume {run_dir}`, "
                              f"delete it, or choose another trainer.run_dir=...")
-    from rl.driver import Trainer
+    from orchestrator.loop import Trainer  # heavy (ray, torch): only once the config is good
     Trainer(cfg, run_dir).run()
     return 0
-
-
-def _train_entry(args) -> int:
-    try:
-        return train(args)
-    except ConfigError as e:
-        raise SystemExit(str(e)) from None
 
 
 def register(sub) -> None:
@@ -40,4 +33,4 @@ def register(sub) -> None:
     p.add_argument("config", nargs="?", help=f"run config YAML (default: {DEFAULT_CONFIG.name})")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.steps=20 rollout.temperature=0.8")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
-    p.set_defaults(func=_train_entry)
+    p.set_defaults(func=train)

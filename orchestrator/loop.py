@@ -1,28 +1,30 @@
 """The step loop: roll out, score, learn, sync, probe, log, checkpoint.
 
 Nothing here holds state that a checkpoint does not: a run directory plus its config is
-enough to resume. One step, as data (DESIGN.md): groups of episodes from the rollout
-workers -> group-relative advantages -> one learner update -> weight sync -> parity probe.
+enough to resume. One step, as data: groups of episodes from the rollout workers ->
+group-relative advantages -> one learner update -> weight sync -> parity probe.
 """
 from __future__ import annotations
 
 import random
 import statistics
-import time
 from pathlib import Path
 
 import ray
 
-from actors.weight_sync import WeightSync, make_weight_sync
-from rl.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
+from orchestrator.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
+from orchestrator.cluster import Placement, connect, spawn_learners, spawn_rollout_workers
+from orchestrator.episode_store import EpisodeStore
+from orchestrator.metrics import MetricsLog, timed
+from orchestrator.parity import run_parity_probe
+from orchestrator.plots import plot_reward_curve
+from orchestrator.rollouts.agentic import AgenticRollouts
+from orchestrator.rollouts.base import Episode, Rollouts
+from orchestrator.rollouts.length import LengthRollouts
+from orchestrator.weight_sync import WeightSync, make_weight_sync
 from rl.config import RunConfig, dump_config
 from rl.default_model import resolve_model_path
-from rl.episode_store import Episode, EpisodeStore
 from rl.grpo import frac_zero_std_groups, group_advantages
-from rl.metrics import MetricsLog
-from rl.parity import run_parity_probe
-from rl.plots import plot_reward_curve
-from rl.ray_setup import Placement, connect
 from rl.types import TrainSample
 
 
@@ -36,10 +38,7 @@ class Trainer:
 
     # ---- set-up ------------------------------------------------------------------
     def _start(self) -> None:
-        from transformers import AutoTokenizer
-
-        from actors.learner import Learner
-        from actors.rollout_worker import RolloutWorker
+        from transformers import AutoTokenizer  # heavy; only the process that trains needs it
 
         cfg = self.cfg
         connect(cfg)
@@ -48,26 +47,11 @@ class Trainer:
         self.placement = Placement(cfg)
         print(f"[rlvr] run dir {self.run_dir}; model {self.model_path}; "
               f"{cfg.rollout.num_workers} rollout worker(s), {cfg.learner.num_learners} learner(s)", flush=True)
-        enable_lora = cfg.sync.strategy == "lora"
-        self.workers = [
-            ray.remote(RolloutWorker).options(**self.placement.options("rollout", i, cfg, threads=max(1, int(cfg.rollout.num_cpus))))
-            .remote(self.model_path, cfg.rollout, cfg.model, enable_lora, cfg.learner.lora_rank)
-            for i in range(cfg.rollout.num_workers)]
-        if cfg.learner.num_learners > 1:
-            from actors.learner_group import LearnerGroup
-            self.learner = LearnerGroup(cfg, self.model_path, self.placement)
-        else:
-            self.learner = ray.remote(Learner).options(**self.placement.options("learner", 0, cfg, threads=cfg.learner.torch_threads)) \
-                .remote(self.model_path, cfg.learner, cfg.model, cfg.trainer.seed)
-        self.rollouts = self._make_rollouts()
+        self.workers = spawn_rollout_workers(cfg, self.model_path, self.placement)
+        self.learner = spawn_learners(cfg, self.model_path, self.placement)
+        self.rollouts: Rollouts = (LengthRollouts(cfg, self.tokenizer, self.workers) if cfg.task.kind == "length"
+                                   else AgenticRollouts(cfg, self.run_dir, self.workers, self.placement))
         self.parity_ids = self.tokenizer(cfg.sync.parity_text)["input_ids"]
-
-    def _make_rollouts(self):
-        if self.cfg.task.kind == "length":
-            from rl.length_rollouts import LengthRollouts
-            return LengthRollouts(self.cfg, self.tokenizer, self.workers)
-        from rl.agentic_rollouts import AgenticRollouts
-        return AgenticRollouts(self.cfg, self.run_dir, self.workers, self.placement)
 
     def _restore(self) -> int:
         """Load the latest checkpoint if any; returns the first step to run."""
@@ -80,7 +64,7 @@ class Trainer:
         step, ckpt = found
         state = load_trainer_state(ckpt)
         random.setstate(_tuple_state(state["python_rng"]))
-        ray.get(self.learner.load_state.remote(str(ckpt / "learner")))
+        self.learner.load_state(str(ckpt / "learner"))
         self.metrics.truncate_after(step)
         self.store.drop_after(step)
         print(f"[rlvr] resumed from {ckpt} (step {step}); continuing at step {step + 1}", flush=True)
@@ -99,45 +83,40 @@ class Trainer:
             metrics = self.step(step)
             self.metrics.log(step, metrics)
             if step % self.cfg.trainer.checkpoint_every == 0 or step == self.cfg.trainer.steps:
-                save_checkpoint(self.run_dir, step, self.learner,
-                                {"python_rng": random.getstate(), "data_cursor": step * self.cfg.trainer.batch_size})
+                save_checkpoint(self.run_dir, step, self.learner, {"python_rng": random.getstate()})
                 plot_reward_curve(self.run_dir)
         plot_reward_curve(self.run_dir)
         print(f"[rlvr] done: {self.run_dir / 'metrics.jsonl'}, {self.run_dir / 'reward_curve.png'}", flush=True)
         return self.run_dir
 
     def step(self, step: int) -> dict:
-        t0 = time.time()
-        groups, reused = self._collect(step)
-        t_rollout = time.time() - t0
-        samples, stats = self._to_samples(groups)
+        """One GRPO step, as named phases; each phase's wall time lands in the metrics."""
+        timings: dict[str, float] = {}
+        with timed("rollout", timings):
+            groups, reused = self._collect(step)
         episodes = [e for g in groups.values() for e in g]
-        if all(e.record.get("stop_reason") == "error" for e in episodes):
-            raise RuntimeError(f"every rollout of step {step} failed; the first: {episodes[0].record.get('error')}")
-
-        if self.cfg.learner.beta == 0:  # zero advantage, no KL term: exactly zero gradient
-            samples = [s for s in samples if s.advantage != 0]
+        _refuse_all_failed(step, episodes)
+        samples, stats = self._to_samples(episodes)
         ray.get([w.sleep.remote() for w in self.workers])
-        t1 = time.time()
-        if any(any(s.loss_mask) for s in samples):
-            learn = ray.get(self.learner.train_step.remote(samples))
-        else:
-            print(f"[rlvr] step {step}: no sample with a learning signal (every group's rewards were equal); "
-                  f"update skipped", flush=True)
-            learn = {}
-        t_learn = time.time() - t1
-
-        t2 = time.time()
-        ray.get([w.wake.remote() for w in self.workers])
-        if learn:
-            self.weight_sync.sync(self.learner, self.workers, step)
-        t_sync = time.time() - t2
+        with timed("learn", timings):
+            learn = self._learn(step, samples)
+        with timed("sync", timings):
+            ray.get([w.wake.remote() for w in self.workers])
+            if learn:
+                self.weight_sync.sync(self.learner, self.workers, step)
         gap = self._probe(f"after {'sync' if learn else 'wake'} at step {step}")
-        gen_tokens = sum(e.record.get("tokens", 0) for gid, g in groups.items() if gid not in reused for e in g)
+        gen_tokens = sum(e.record.tokens for gid, g in groups.items() if gid not in reused for e in g)
         return {**stats, **{f"learner/{k}": v for k, v in learn.items()}, "loss": learn.get("loss"),
-                "gen_tokens": gen_tokens, "gen_tokens_per_s": gen_tokens / max(t_rollout, 1e-9),
-                "time_rollout_s": t_rollout, "time_learn_s": t_learn, "time_sync_s": t_sync,
-                "parity_gap": gap, "train_samples": len(samples)}
+                "gen_tokens": gen_tokens, "gen_tokens_per_s": gen_tokens / max(timings["time_rollout_s"], 1e-9),
+                **timings, "parity_gap": gap, "train_samples": len(samples)}
+
+    def _learn(self, step: int, samples: list[TrainSample]) -> dict:
+        """One learner update on the samples that carry a learning signal; {} when none does."""
+        if any(any(s.loss_mask) for s in samples):
+            return self.learner.train_step(samples)
+        print(f"[rlvr] step {step}: no sample with a learning signal (every group's rewards were equal); "
+              f"update skipped", flush=True)
+        return {}
 
     def _collect(self, step: int) -> tuple[dict[str, list[Episode]], set[str]]:
         """Groups of this step: the ones a killed run already finished (also returned as a
@@ -145,7 +124,7 @@ class Trainer:
         specs = self.rollouts.group_specs(step)
         done = self.store.load_groups(step)
         reused = set(done)
-        missing = [s for s in specs if s[0] not in done]
+        missing = [s for s in specs if s.group_id not in done]
         if done:
             print(f"[rlvr] step {step}: reusing {len(done)} finished group(s), rolling out {len(missing)}", flush=True)
 
@@ -155,26 +134,34 @@ class Trainer:
 
         if missing:
             self.rollouts.run_groups(missing, step, on_group_done)
-        return {gid: done[gid] for gid, _ in specs}, reused
+        return {s.group_id: done[s.group_id] for s in specs}, reused
 
-    def _to_samples(self, groups: dict[str, list[Episode]]) -> tuple[list[TrainSample], dict]:
-        episodes = [e for g in groups.values() for e in g]
+    def _to_samples(self, episodes: list[Episode]) -> tuple[list[TrainSample], dict]:
         rewards = [e.reward for e in episodes]
         gids = [e.group_id for e in episodes]
         advantages = group_advantages(rewards, gids)
-        samples = [TrainSample(advantage=a, group_id=e.group_id, **s)
-                   for e, a in zip(episodes, advantages) for s in e.samples]
+        samples = [TrainSample(s.token_ids, s.loss_mask, s.logprobs, advantage=a, group_id=e.group_id)
+                   for e, a in zip(episodes, advantages) for s in e.sequences]
+        if self.cfg.learner.beta == 0:  # zero advantage, no KL term: exactly zero gradient
+            samples = [s for s in samples if s.advantage != 0]
         records = [e.record for e in episodes]
         stats = {"reward_mean": statistics.fmean(rewards),
                  "reward_std": statistics.pstdev(rewards),
                  "frac_reward_zero_std": frac_zero_std_groups(rewards, gids),
-                 "clipped_ratio": statistics.fmean(float(r.get("clipped", False)) for r in records)}
-        if any("tool_calls" in r for r in records):
-            calls = sum(r.get("tool_calls", 0) for r in records)
-            stats["tools/failure_frequency"] = sum(r.get("tool_failures", 0) for r in records) / max(calls, 1)
-            stats["frac_edited"] = statistics.fmean(float(r.get("edited", False)) for r in records)
-            stats["turns_mean"] = statistics.fmean(r.get("turns", 0) for r in records)
+                 "clipped_ratio": statistics.fmean(float(r.clipped) for r in records)}
+        agentic = [r for r in records if r.agentic]
+        if agentic:
+            calls = sum(r.tool_calls for r in agentic)
+            stats["tools/failure_frequency"] = sum(r.tool_failures for r in agentic) / max(calls, 1)
+            stats["frac_edited"] = statistics.fmean(float(bool(r.edited)) for r in agentic)
+            stats["turns_mean"] = statistics.fmean(r.turns for r in agentic)
         return samples, stats
+
+
+def _refuse_all_failed(step: int, episodes: list[Episode]) -> None:
+    if all(e.record.stop_reason == "error" for e in episodes):
+        first = episodes[0].record
+        raise RuntimeError(f"every rollout of step {step} failed; the first: {first.error or first.reward_error}")
 
 
 def _tuple_state(state):

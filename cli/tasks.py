@@ -6,6 +6,11 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from envs.mining import mine
+from envs.split import write_split
+from envs.tasks import load_tasks, save_tasks
+from rl.paths import DEFAULT_WORK_ROOT
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("tasks", help="mine and manage coding tasks")
@@ -17,7 +22,7 @@ def register(subparsers) -> None:
     m.add_argument("--out", default=None, help="JSONL path (default: configs/tasks/<library>.jsonl)")
     m.add_argument("--limit", type=int, default=None, help="probe at most this many functions")
     m.add_argument("--workers", type=int, default=2)
-    m.add_argument("--work-root", default="/tmp/agentic-rlvr-work")
+    m.add_argument("--work-root", default=DEFAULT_WORK_ROOT)
     m.set_defaults(func=_mine)
 
     s = sub.add_parser("split", help="write a run's train/test split (once; refuses a different one)")
@@ -33,8 +38,6 @@ def register(subparsers) -> None:
 
 
 def _mine(args: argparse.Namespace) -> int:
-    from envs.mining import mine
-    from envs.tasks import save_tasks
     out = Path(args.out or f"configs/tasks/{args.library}.jsonl")
     tasks, report = mine(args.library, args.version, work_root=args.work_root, workers=args.workers,
                          limit=args.limit)
@@ -45,15 +48,12 @@ def _mine(args: argparse.Namespace) -> int:
 
 
 def _split(args: argparse.Namespace) -> int:
-    from envs.split import write_split
-    from envs.tasks import load_tasks
     split = write_split(args.run_dir, load_tasks(args.tasks_file), args.train_fraction, args.seed)
     print(f"{args.run_dir}/split.json: {len(split.train)} train, {len(split.test)} test")
     return 0
 
 
 def _info(args: argparse.Namespace) -> int:
-    from envs.tasks import load_tasks
     tasks = load_tasks(args.tasks_file)
     f2p = [len(t.fail_to_pass) for t in tasks]
     print(f"{len(tasks)} tasks; libraries {sorted({t.library for t in tasks})}; "

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rl.metrics import read_metrics
+from orchestrator.metrics import read_metrics
 
 
 def plot_reward_curve(run_dir: str | Path) -> Path | None:

@@ -1,0 +1,74 @@
+"""`rlvr eval` and `rlvr eval-report`."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from envs.split import select_tasks
+from orchestrator.eval_report import render_markdown, write_report
+from rl.config import ConfigError, RunConfig, load_config
+
+
+def register(sub) -> None:
+    p = sub.add_parser("eval", help="evaluate a served policy on held-out tasks (k samples each, resumable)")
+    p.add_argument("--config", help="run YAML (defaults apply without one)")
+    p.add_argument("--run-dir", help="a training run: evaluate its held-out split (refuses trained-on tasks)")
+    p.add_argument("--adapter", help="LoRA adapter folder to serve on top of model.path")
+    p.add_argument("--out", help="output dir (default eval.out_dir); rerun with the same one to resume")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.k=3 eval.max_tasks=5")
+    p.set_defaults(func=eval_command)
+
+    r = sub.add_parser("eval-report", help="recompute an evaluation's summary, table and plot from its raw records")
+    r.add_argument("out_dir")
+    r.set_defaults(func=report_command)
+
+
+def held_out_tasks(cfg: RunConfig, out_dir: Path, run_dir: str | None) -> list:
+    """The run's held-out tasks: from a training run's split, or the split training would write."""
+    if run_dir:
+        chosen = select_tasks(cfg.task, cfg.trainer.seed, run_dir, "test", trained_split=True)
+    else:
+        chosen = select_tasks(cfg.task, cfg.trainer.seed, out_dir, "test")
+    return chosen[:cfg.eval.max_tasks] if cfg.eval.max_tasks else chosen
+
+
+def latest_adapter(run_dir: str) -> str | None:
+    """The LoRA adapter a training run last synced to its rollout workers, if any."""
+    adapters = sorted((Path(run_dir) / "adapters").glob("step_*"))
+    if adapters:
+        print(f"[eval] serving the trained adapter {adapters[-1]}", flush=True)
+        return str(adapters[-1])
+    return None
+
+
+def eval_command(args) -> int:
+    # heavy (ray, torch, vLLM's protocol): only the subcommand that serves a model imports them
+    import ray
+
+    from orchestrator.cluster import spawn_env_actors, spawn_evaluator, start_policy
+
+    cfg = load_config(args.config, args.overrides)
+    out = Path(args.out or cfg.eval.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tasks = held_out_tasks(cfg, out, args.run_dir)
+    if not tasks:
+        raise ConfigError("no held-out tasks to evaluate (check task.max_tasks / task.train_fraction)")
+    adapter = args.adapter or (latest_adapter(args.run_dir) if args.run_dir else None)
+    merged = Path(args.run_dir or "", "merged_weights")
+    if args.run_dir and adapter is None and (merged / "config.json").is_file():
+        print(f"[eval] serving the trained merged weights {merged}", flush=True)
+        cfg.model.path = str(merged)
+    worker, base_url = start_policy(cfg, adapter)
+    env_actors = spawn_env_actors(cfg)
+    evaluator = spawn_evaluator(cfg, str(out))
+    summary = ray.get(evaluator.run.remote(tasks, base_url, cfg.eval.model_id, env_actors, worker))
+    print(render_markdown(summary, f"{cfg.eval.scaffold} eval (k={cfg.eval.k})"))
+    print(f"[rlvr eval] raw records, summary.json, report.md, report.png in {out}")
+    ray.get([a.shutdown.remote() for a in env_actors])
+    ray.get(worker.shutdown.remote())
+    return 0
+
+
+def report_command(args) -> int:
+    summary = write_report(args.out_dir)
+    print(render_markdown(summary))
+    return 0

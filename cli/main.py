@@ -1,0 +1,28 @@
+"""`rlvr` console command: one parser, one handler per subcommand module, and the one
+place a config error becomes a clean message (exit 2) instead of a traceback."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from cli import best_of_n, evaluate, model, tasks, train
+from rl.config import ConfigError
+
+SUBCOMMANDS = (train, model, tasks, evaluate, best_of_n)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rlvr", description="Execution-reward GRPO for coding agents")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for module in SUBCOMMANDS:
+        module.register(sub)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as e:
+        print(f"rlvr {args.command}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

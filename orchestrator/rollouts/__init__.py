@@ -1,0 +1,1 @@
+"""Rollout sources: the Rollouts protocol and its agentic and length implementations."""

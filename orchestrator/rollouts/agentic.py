@@ -1,0 +1,56 @@
+"""Multi-turn coding rollouts: G episodes per task through the episode runner (a scaffold
+against the policy server, tools and reward on EnvActors). Each episode's samples are the
+policy server's recorded token ids and log-probs, assembled into training sequences."""
+from __future__ import annotations
+
+import itertools
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+
+import ray
+
+from envs.split import select_tasks
+from orchestrator.cluster import Placement, spawn_env_actors
+from orchestrator.rollouts.base import Episode, GroupSpec, step_group_specs
+from rl.config import RunConfig
+from rl.jsonl import append_durable
+from scaffolds.episode import EpisodeSettings, run_episode, safe_id
+
+
+class AgenticRollouts:
+    def __init__(self, cfg: RunConfig, run_dir: Path, workers: list, placement: Placement | None):
+        self.cfg = cfg
+        self.workers = workers
+        self.trace_path = Path(run_dir) / "trace.jsonl"
+        self.train_tasks = select_tasks(cfg.task, cfg.trainer.seed, run_dir, "train")
+        self.settings = EpisodeSettings.for_training(cfg)
+        self.env_actors = spawn_env_actors(cfg, placement)
+        self.server_urls = ray.get([w.start_server.remote() for w in workers])
+        self._counter = itertools.count()
+        self._counter_lock = threading.Lock()
+        print(f"[rlvr] {len(self.train_tasks)} training tasks; policy servers {self.server_urls}", flush=True)
+
+    def group_specs(self, step: int) -> list[GroupSpec]:
+        return step_group_specs(step, self.cfg.trainer.batch_size, self.cfg.trainer.seed,
+                                [t.id for t in self.train_tasks])
+
+    def run_groups(self, specs: list[GroupSpec], step: int, on_group_done) -> None:
+        g = self.cfg.trainer.group_size
+        parallel = self.cfg.env.num_env_actors * self.cfg.env.pool_size
+        with ThreadPoolExecutor(max_workers=parallel) as pool:
+            futures = {s.group_id: [pool.submit(self._episode, s.group_id, safe_id(f"{s.group_id}-e{k}"),
+                                                self.train_tasks[s.index]) for k in range(g)] for s in specs}
+            for gid, group in futures.items():
+                episodes = [f.result() for f in group]
+                append_durable(self.trace_path, [{"step": step, "group": gid, **asdict(e.record)} for e in episodes])
+                on_group_done(episodes)
+
+    def _episode(self, group_id: str, episode_id: str, task) -> Episode:
+        with self._counter_lock:
+            n = next(self._counter)
+        worker = n % len(self.workers)
+        env = self.env_actors[n % len(self.env_actors)]
+        run = run_episode(env, self.workers[worker], task, episode_id, self.server_urls[worker], self.settings)
+        return Episode(group_id=group_id, reward=run.record.reward, sequences=run.sequences, record=run.record)

@@ -1,0 +1,108 @@
+"""The episode runner: the one place an episode is run and recorded, for training,
+evaluation and every later consumer.
+
+    open the task's environment -> run the scaffold (pi or native) against the policy
+    server -> reward (always, even when the scaffold failed) -> take the server's recorded
+    calls -> one EpisodeRecord plus the token sequences assembled from those calls.
+
+Example:
+    run = run_episode(env_actor, worker, task, "s1-g0-e0", base_url,
+                      EpisodeSettings.for_training(cfg))
+    run.record.reward, run.record.turns, run.sequences[0].loss_mask
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+
+from envs.tasks import Task
+from rl.assembly import assemble
+from rl.config import SERVED_MODEL, RunConfig, ScaffoldConfig
+from rl.types import Completion, EpisodeRecord, TokenSequence
+from scaffolds.native import run_native_episode
+from scaffolds.pi_agent import run_pi_episode_on_actor
+
+
+def safe_id(text: str) -> str:
+    """Ids travel in the policy server's URL path and in file names: task ids hold '/' and ':'."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:160]
+
+
+def episode_url(base_url: str, episode_id: str) -> str:
+    """The OpenAI base URL under which the policy server records this episode's calls."""
+    return f"{base_url}/episodes/{episode_id}/v1"
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    """How an episode is run: the scaffold, its limits and the served model's name."""
+    scaffold: str                  # "pi" | "native"
+    scaffold_cfg: ScaffoldConfig
+    context_window: int            # rollout.max_model_len
+    max_tokens: int                # rollout.max_tokens, per model call
+    model_id: str = SERVED_MODEL
+
+    @classmethod
+    def for_training(cls, cfg: RunConfig) -> "EpisodeSettings":
+        return cls(cfg.scaffold.name, cfg.scaffold, cfg.rollout.max_model_len, cfg.rollout.max_tokens)
+
+    @classmethod
+    def for_eval(cls, cfg: RunConfig) -> "EpisodeSettings":
+        return cls(cfg.eval.scaffold, cfg.scaffold, cfg.rollout.max_model_len, cfg.rollout.max_tokens,
+                   cfg.eval.model_id)
+
+
+@dataclass
+class EpisodeRun:
+    record: EpisodeRecord
+    sequences: list[TokenSequence]   # the recorded calls, assembled for training
+
+
+def single_turn_episode(completion: Completion, reward: float) -> EpisodeRun:
+    """A one-call episode without an environment (the length reward's): the prompt is
+    masked, the completion trained; no agentic fields."""
+    n_prompt = len(completion.prompt_token_ids)
+    sequence = TokenSequence(token_ids=completion.prompt_token_ids + completion.token_ids,
+                             loss_mask=[0] * n_prompt + [1] * len(completion.token_ids),
+                             logprobs=[0.0] * n_prompt + list(completion.logprobs))
+    record = EpisodeRecord(reward=reward, tokens=len(completion.token_ids),
+                           clipped=completion.finish_reason == "length")
+    return EpisodeRun(record, [sequence])
+
+
+def run_episode(env_actor, worker, task: Task, episode_id: str, base_url: str, settings: EpisodeSettings,
+                events_path: Path | None = None) -> EpisodeRun:
+    """Run one episode on env_actor against the policy served at base_url (by worker).
+
+    worker: the RolloutWorker handle behind base_url, whose recorded calls for episode_id
+    are taken (so the server does not keep them); None when the server is not ours.
+    """
+    url = episode_url(base_url, episode_id)
+    env_episode = ray.get(env_actor.open_episode.remote(task))
+    try:
+        if settings.scaffold == "pi":
+            outcome = run_pi_episode_on_actor(
+                env_actor, env_episode, task.problem_statement, url, settings.model_id, settings.scaffold_cfg,
+                context_window=settings.context_window, max_tokens=settings.max_tokens,
+                events_path=str(events_path) if events_path else None)
+        else:
+            cwd = ray.get(env_actor.sandbox_cwd.remote(env_episode))
+            outcome = run_native_episode(url, settings.model_id, env_actor, env_episode, task.problem_statement,
+                                         cwd, settings.scaffold_cfg)
+    finally:
+        reward = ray.get(env_actor.finish.remote(env_episode))
+    calls = ray.get(worker.take_episode_calls.remote(episode_id)) if worker is not None else []
+    asm = assemble(calls)
+    record = EpisodeRecord(
+        reward=reward.reward, tokens=sum(len(c.completion_token_ids) for c in calls),
+        clipped=any(c.finish_reason == "length" for c in calls), task=task.id, episode=episode_id,
+        reward_parts=reward.parts, edited=reward.edited, tests_passed=reward.tests_passed,
+        tests_total=reward.tests_total, turns=outcome.turns, tool_calls=outcome.tool_calls,
+        tool_failures=outcome.tool_failures, stop_reason=outcome.stop_reason, error=outcome.error,
+        reward_error=reward.error, calls=len(calls), merged_calls=asm.merged_calls, split_calls=asm.split_calls,
+        seconds=outcome.seconds, reward_seconds=reward.seconds,
+        events=str(events_path) if events_path is not None and events_path.exists() else None)
+    return EpisodeRun(record, asm.samples)
