@@ -6,17 +6,26 @@ to an unprivileged uid with `setpriv`, applies rlimits with `prlimit`, then `bwr
 a fresh mount/pid/net/ipc/uts/user namespace with read-only system directories, the
 world-readable sandbox Python, a private /tmp and a read-write bind of the checkout.
 bwrap started as root is escapable (it can remount read-write), hence the uid drop first.
-Killing bwrap (SIGKILL to its process group) takes down the sandbox's pid 1, and the
-kernel then kills every process left in the pid namespace, even ones that called setsid.
+Killing the sandbox's pid 1 (bwrap's init) makes the kernel kill every process left in its
+pid namespace, even ones that called setsid. The sandbox is ended from the inside out (its
+processes first, then bwrap, which reaps its own pid 1), and the host process is a child
+subreaper that reaps whatever is orphaned anyway: an unreaped zombie still counts against
+the uid's RLIMIT_NPROC, and a container's init may never reap it. A seccomp filter denies
+ptrace and cross-process memory access inside, so nothing can stop or steer the pid 1.
 """
 from __future__ import annotations
 
 import os
+import ctypes
+import platform
 import select
 import shutil
 import signal
+import struct
 import subprocess
+import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -100,7 +109,7 @@ class Sandbox:
              extra_ro_binds: Sequence[tuple[str, str]] = (),
              extra_rw_binds: Sequence[tuple[str, str]] = (),
              share_net: bool = False, memory_mib: int | None = None,
-             cpu_s: int | None = None) -> list[str]:
+             cpu_s: int | None = None, seccomp_fd: int | None = None) -> list[str]:
         lim = self.limits
         mem = lim.memory_mib if memory_mib is None else memory_mib
         cpu = lim.cpu_s if cpu_s is None else cpu_s
@@ -114,6 +123,8 @@ class Sandbox:
                 "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
         if share_net:
             cmd.append("--share-net")
+        if seccomp_fd is not None:
+            cmd += ["--seccomp", str(seccomp_fd)]
         for p in _RO_SYSTEM:
             cmd += ["--ro-bind", p, p]
         for link, target in (("/bin", "usr/bin"), ("/lib", "usr/lib"), ("/lib64", "usr/lib64"),
@@ -153,11 +164,17 @@ class Sandbox:
                  max_output_chars: int | None = None) -> CommandResult:
         cap = self.max_output_chars if max_output_chars is None else max_output_chars
         start = time.monotonic()
-        proc = subprocess.Popen(
-            self.argv(inner, env=env, extra_ro_binds=extra_ro_binds,
-                      cpu_s=max(1, int(timeout_s) + 1) if timeout_s < self.limits.cpu_s else None),
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=True, pass_fds=tuple(pass_fds))
+        filt = _seccomp_fd()
+        try:
+            proc = _spawn(
+                self.argv(inner, env=env, extra_ro_binds=extra_ro_binds, seccomp_fd=filt,
+                          cpu_s=max(1, int(timeout_s) + 1) if timeout_s < self.limits.cpu_s else None),
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                start_new_session=True, pass_fds=tuple(pass_fds) + ((filt,) if filt is not None else ()))
+        finally:
+            if filt is not None:
+                os.close(filt)
+        proc.sandbox_uid = self.uid
         tail = bytearray()
         total = 0
         timed_out = limit_hit = False
@@ -184,7 +201,6 @@ class Sandbox:
                     break
         finally:
             self.kill(proc)
-            kill_sandboxed(self.uid)  # the pid namespace dies with bwrap, but asynchronously
         exit_code = 124 if timed_out else proc.returncode
         text = tail.decode("utf-8", errors="replace")
         truncated = total > len(tail) or len(text) > cap
@@ -205,16 +221,23 @@ class Sandbox:
         virtual memory: pass memory_mib=0 (no RLIMIT_AS) for pi.
         """
         popen_kwargs.setdefault("stdin", subprocess.DEVNULL)
-        proc = subprocess.Popen(
-            self.argv(inner, env=env, extra_ro_binds=extra_ro_binds, extra_rw_binds=extra_rw_binds,
-                      share_net=share_net, memory_mib=memory_mib, cpu_s=cpu_s),
-            start_new_session=True, **popen_kwargs)
+        filt = _seccomp_fd()
+        fds = tuple(popen_kwargs.pop("pass_fds", ())) + ((filt,) if filt is not None else ())
+        try:
+            proc = _spawn(
+                self.argv(inner, env=env, extra_ro_binds=extra_ro_binds, extra_rw_binds=extra_rw_binds,
+                          share_net=share_net, memory_mib=memory_mib, cpu_s=cpu_s, seccomp_fd=filt),
+                start_new_session=True, pass_fds=fds, **popen_kwargs)
+        finally:
+            if filt is not None:
+                os.close(filt)
         proc.sandbox_uid = self.uid  # lets Sandbox.kill wait until the sandbox is really empty
         return proc
 
     @staticmethod
     def kill(proc: subprocess.Popen) -> None:
-        """SIGKILL the process group; bwrap's death collapses the sandbox's pid namespace."""
+        """SIGKILL the process group; bwrap's death collapses the sandbox's pid namespace.
+        Then wait until the sandbox is empty and its orphaned pid 1 is reaped."""
         if proc.poll() is None:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -231,24 +254,32 @@ class Sandbox:
         return kill_uid(self.uid)
 
 
-def processes_of_uid(uid: int) -> list[int]:
-    """Live (non-zombie) processes whose real uid is `uid`."""
-    pids = []
+def _uid_processes(uid: int) -> list[tuple[int, str, int]]:
+    """(pid, state, ppid) of every process, zombies included, whose real uid is `uid`."""
+    out = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
+        state = ppid = None
         try:
             with open(f"/proc/{entry.name}/status") as f:
                 for line in f:
-                    if line.startswith("State:") and line.split()[1] in ("Z", "X"):
-                        break
-                    if line.startswith("Uid:"):
-                        if int(line.split()[1]) == uid:
-                            pids.append(int(entry.name))
+                    if line.startswith("State:"):
+                        state = line.split()[1]
+                    elif line.startswith("PPid:"):
+                        ppid = int(line.split()[1])
+                    elif line.startswith("Uid:"):
+                        if int(line.split()[1]) == uid and state != "X":
+                            out.append((int(entry.name), state, ppid))
                         break
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
-    return pids
+    return out
+
+
+def processes_of_uid(uid: int) -> list[int]:
+    """Processes whose real uid is `uid`, zombies included: they hold RLIMIT_NPROC slots."""
+    return [pid for pid, _, _ in _uid_processes(uid)]
 
 
 def _in_child_pid_namespace(pid: int) -> bool:
@@ -265,25 +296,111 @@ def kill_sandboxed(uid: int, timeout_s: float = 10.0) -> int:
 
 
 def kill_uid(uid: int, timeout_s: float = 10.0, only=lambda pid: True) -> int:
-    """SIGKILL every process of `uid` and wait until none is left; count them.
+    """SIGKILL every process of `uid`, reap the zombies orphaned to this process, and wait
+    until none of either is left; count the processes killed.
 
     A killed process lingers until the kernel delivers the signal, and a fork in flight can
-    add one: loop until the uid has no live process."""
+    add one: loop. Zombies whose parent is some other live host process are its to reap."""
     if uid == 0:
         raise ValueError("refusing to kill processes of uid 0")
     killed: set[int] = set()
     deadline = time.monotonic() + timeout_s
-    while pids := [p for p in processes_of_uid(uid) if only(p)]:
+    while True:
+        procs = _uid_processes(uid)
+        live = [p for p, state, _ in procs if state != "Z" and only(p)]
+        mine = {p for p, _, _ in procs}
+        pending = [p for p, state, ppid in procs if state == "Z" and (ppid == os.getpid() or ppid in mine)]
+        if not live and not pending:
+            return len(killed)
         if time.monotonic() > deadline:
-            raise RuntimeError(f"processes {pids} of sandbox uid {uid} survived SIGKILL for {timeout_s} s")
-        for pid in pids:
+            raise RuntimeError(f"processes {live + pending} of sandbox uid {uid} survived SIGKILL for {timeout_s} s")
+        for pid in live:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        killed.update(pids)
-        time.sleep(0.01)
-    return len(killed)
+        killed.update(live)
+        reap_orphans(uid)
+        time.sleep(0.002 if not live else 0.01)
+
+
+# --- reaping: this process is a child subreaper -------------------------------------------
+# bwrap's outer process exits as soon as its pid 1 reports the command's status, without
+# waiting for it, so every command orphans that pid 1. As a subreaper this process inherits
+# it and reaps it here; only zombies of a sandbox uid, never a child a Popen still owns.
+_REAP_LOCK = threading.Lock()
+_OWNED: "weakref.WeakValueDictionary[int, subprocess.Popen]" = weakref.WeakValueDictionary()
+_SUBREAPER = False
+
+
+def _become_subreaper() -> None:
+    global _SUBREAPER
+    if _SUBREAPER:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(36, 1, 0, 0, 0) != 0:   # PR_SET_CHILD_SUBREAPER
+        err = ctypes.get_errno()
+        raise SandboxUnavailable(f"cannot become a child subreaper: {os.strerror(err)}")
+    _SUBREAPER = True
+
+
+def _spawn(argv: list[str], **popen_kwargs) -> subprocess.Popen:
+    _become_subreaper()
+    with _REAP_LOCK:
+        proc = subprocess.Popen(argv, **popen_kwargs)
+        _OWNED[proc.pid] = proc
+    return proc
+
+
+def reap_orphans(uid: int) -> int:
+    """Reap zombies of `uid` reparented to this process; count them."""
+    n = 0
+    with _REAP_LOCK:
+        for pid, state, ppid in _uid_processes(uid):
+            owner = _OWNED.get(pid)
+            if state != "Z" or ppid != os.getpid() or (owner is not None and owner.returncode is None):
+                continue
+            try:
+                os.waitpid(pid, os.WNOHANG)
+                n += 1
+            except ChildProcessError:
+                pass
+    return n
+
+
+# --- seccomp: what no sandboxed process may do -----------------------------------------------
+# (audit arch, [ptrace, process_vm_readv, process_vm_writev]); ptrace could stop the sandbox's
+# pid 1 (the command then hangs to the wall clock) or steer another process of the sandbox.
+_DENY = {"x86_64": (0xC000003E, [101, 310, 311]), "aarch64": (0xC00000B7, [117, 270, 271])}
+
+
+def seccomp_program() -> bytes | None:
+    """Classic BPF for `bwrap --seccomp`: the denied calls and every foreign ABI (i386, x32,
+    which could name them by other numbers) fail with EPERM. None on an unknown machine."""
+    if platform.machine() not in _DENY:
+        return None
+    arch, nrs = _DENY[platform.machine()]
+    checks = [(0x35, 0x40000000)] if platform.machine() == "x86_64" else []   # jge: x32 ABI
+    checks += [(0x15, nr) for nr in nrs]                                      # jeq
+    deny = 3 + len(checks) + 1                  # index of the final "return EPERM"
+    prog = [(0x20, 0, 0, 4),                    # A = seccomp_data.arch
+            (0x15, 0, deny - 2, arch),          # foreign arch -> deny
+            (0x20, 0, 0, 0)]                    # A = seccomp_data.nr
+    for i, (op, k) in enumerate(checks):
+        prog.append((op, deny - (3 + i) - 1, 0, k))
+    prog += [(0x06, 0, 0, 0x7FFF0000),          # allow
+             (0x06, 0, 0, 0x00050000 | 1)]      # errno EPERM
+    return b"".join(struct.pack("=HBBI", *ins) for ins in prog)
+
+
+def _seccomp_fd() -> int | None:
+    prog = seccomp_program()
+    if prog is None:
+        return None
+    fd = os.memfd_create("rlvr-seccomp", 0)
+    os.write(fd, prog)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def chown_tree(path: Path, uid: int) -> None:

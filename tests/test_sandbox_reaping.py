@@ -1,0 +1,53 @@
+"""No process leaks: every sandboxed command's bwrap is reaped, zombies count against the uid,
+and ptrace inside the sandbox is refused (it could stop the sandbox's pid 1)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from envs.sandbox import processes_of_uid, seccomp_program
+from tests.envs_fixtures import episode, replace_body, task_by_qualname, toolz_tasks
+
+UID = 63017   # this file's own uid: nothing else runs as it
+
+PTRACE_PID1 = ("python -c \"import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+               "r = libc.ptrace(16, 1, 0, 0); print('ptrace', r, os.strerror(ctypes.get_errno()))\"")
+
+
+@pytest.fixture(scope="module")
+def merge_task():
+    return task_by_qualname(toolz_tasks(), "merge")
+
+
+def test_many_quick_commands_leave_nothing_behind(merge_task):
+    """500 tool calls in one episode (64 processes is the uid's limit), then the reference
+    body still scores 1.0 and the uid owns no process, zombie or live."""
+    with episode(merge_task, sandbox_uid_base=UID) as env:
+        start = time.monotonic()
+        for i in range(500):
+            res = env.call_tool("bash", {"command": f"echo {i}"})
+            assert not res.is_error and res.content.strip() == str(i), (i, res.content)
+            if i % 100 == 0:
+                assert processes_of_uid(UID) == [], i
+        wall = time.monotonic() - start
+        replace_body(env, merge_task.original_body)
+        r = env.reward()
+        left = processes_of_uid(UID)
+    print(f"500 calls: {wall:.1f} s; processes of uid {UID} after the episode: {len(left)}")
+    assert r.reward == 1.0 and r.error is None, r
+    assert left == [] and processes_of_uid(UID) == []
+
+
+def test_ptrace_of_the_sandbox_init_is_refused(merge_task):
+    assert seccomp_program() is not None, "no seccomp filter for this machine"
+    with episode(merge_task, sandbox_uid_base=UID) as env:
+        start = time.monotonic()
+        res = env.call_tool("bash", {"command": PTRACE_PID1 + "; echo next"})
+        wall = time.monotonic() - start
+        assert processes_of_uid(UID) == []
+        after = env.call_tool("bash", {"command": "echo alive"})
+    print(f"ptrace command: {wall:.3f} s")
+    assert "ptrace -1 Operation not permitted" in res.content and "next" in res.content, res.content
+    assert not res.is_error and wall < 5, (wall, res.content)
+    assert after.content.strip() == "alive"
