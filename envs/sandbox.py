@@ -33,6 +33,7 @@ from typing import Mapping, Sequence
 INSIDE_REPO = "/repo"           # where the checkout appears inside the sandbox
 INSIDE_TMP = "/tmp"
 _MIB = 1024 * 1024
+_ARGV_COMMAND_MAX = 100_000     # bytes of a command passed as bash -c's argument
 
 # Read-only system paths every sandbox sees. /etc is not bound whole: only what programs
 # need to start; /etc/shadow and friends simply do not exist inside.
@@ -156,8 +157,20 @@ class Sandbox:
 
     # --- running ---------------------------------------------------------------------
     def run(self, command: str, timeout_s: float) -> CommandResult:
-        """Run `bash -c command` in the checkout; never raises for what the command does."""
-        return self.run_argv(["bash", "-c", command], timeout_s)
+        """Run `bash -c command` in the checkout; never raises for what the command does.
+
+        A command too long for one argv string (Linux: 128 KiB) is read by bash from an
+        inherited file instead."""
+        script = command.encode("utf-8", "surrogateescape")
+        if len(script) <= _ARGV_COMMAND_MAX:
+            return self.run_argv(["bash", "-c", command], timeout_s)
+        fd = os.memfd_create("rlvr-command", 0)
+        try:
+            os.write(fd, script)
+            os.lseek(fd, 0, os.SEEK_SET)
+            return self.run_argv(["bash", f"/dev/fd/{fd}"], timeout_s, pass_fds=(fd,))
+        finally:
+            os.close(fd)
 
     def run_argv(self, inner: Sequence[str], timeout_s: float, env: Mapping[str, str] | None = None,
                  pass_fds: Sequence[int] = (), extra_ro_binds: Sequence[tuple[str, str]] = (),
