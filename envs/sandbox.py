@@ -322,7 +322,8 @@ def kill_uid(uid: int, timeout_s: float = 10.0, only=lambda pid: True) -> int:
         procs = _uid_processes(uid)
         live = [p for p, state, _ in procs if state != "Z" and only(p)]
         mine = {p for p, _, _ in procs}
-        pending = [p for p, state, ppid in procs if state == "Z" and (ppid == os.getpid() or ppid in mine)]
+        pending = [p for p, state, ppid in procs if state == "Z" and (ppid == os.getpid() or ppid in mine)
+                   and not _owned(p)]   # a Popen not yet waited for is its owner's to reap
         if not live and not pending:
             return len(killed)
         if time.monotonic() > deadline:
@@ -365,13 +366,17 @@ def _spawn(argv: list[str], **popen_kwargs) -> subprocess.Popen:
     return proc
 
 
+def _owned(pid: int) -> bool:
+    owner = _OWNED.get(pid)
+    return owner is not None and owner.returncode is None
+
+
 def reap_orphans(uid: int) -> int:
     """Reap zombies of `uid` reparented to this process; count them."""
     n = 0
     with _REAP_LOCK:
         for pid, state, ppid in _uid_processes(uid):
-            owner = _OWNED.get(pid)
-            if state != "Z" or ppid != os.getpid() or (owner is not None and owner.returncode is None):
+            if state != "Z" or ppid != os.getpid() or _owned(pid):
                 continue
             try:
                 os.waitpid(pid, os.WNOHANG)

@@ -23,6 +23,7 @@ BASE_PYTEST = ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "
 class TestRun:
     outcomes: dict[str, str] = field(default_factory=dict)   # nodeid -> passed|failed|skipped|xpassed
     collect_errors: list[str] = field(default_factory=list)
+    collect_messages: list[str] = field(default_factory=list)   # their tracebacks' tails
     tampered: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)   # operations the audit hook refused the target
     finished: bool = False        # the plugin reached session end
@@ -92,6 +93,7 @@ def run_tests(sandbox: Sandbox, test_command: Sequence[str], nodeids: Sequence[s
                 run.outcomes[rec["nodeid"]] = rec["outcome"]
         elif "collect_error" in rec:
             run.collect_errors.append(rec["collect_error"])
+            run.collect_messages.append(str(rec.get("message", ""))[-2000:])
         elif rec.get("finished"):
             run.finished = True
             run.tampered.extend(rec.get("tampered", []))

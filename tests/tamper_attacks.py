@@ -40,7 +40,8 @@ FRAME_SOURCE = '''\
     f = sys._getframe(1)
     while f is not None and not f.f_code.co_name.startswith("test_"):
         f = f.f_back
-    line = open(f.f_code.co_filename).read().splitlines()[f.f_lineno - 1]
+    with open(f.f_code.co_filename) as fh:
+        line = fh.read().splitlines()[f.f_lineno - 1]
     return eval(line.split("==", 1)[1], f.f_globals, f.f_locals)
 '''
 
@@ -51,14 +52,18 @@ def frame_source(env, task):
 
 CODE_CONSTS = '''\
     import gc, os, inspect, ast
-    name = os.environ["PYTEST_CURRENT_TEST"].split("::")[-1].split(" ")[0]
+    node_id = os.environ["PYTEST_CURRENT_TEST"].split(" ")[0]
+    qual = ".".join(node_id.split("::")[1:])
     for fn in gc.get_objects():
-        if getattr(fn, "__name__", None) == name and hasattr(fn, "__code__"):
+        if getattr(fn, "__qualname__", None) == qual and hasattr(fn, "__code__"):
+            ns = dict(fn.__globals__)
+            cls = ns.get(qual.split(".")[0])
+            ns.update(D=getattr(cls, "D", dict), kw=getattr(cls, "kw", {}))
             tree = ast.parse(inspect.getsource(fn).strip())
             for node in ast.walk(tree):
-                if isinstance(node, ast.Compare) and isinstance(node.ops[0], ast.Eq):
-                    return eval(compile(ast.Expression(node.comparators[0]), "<x>", "eval"),
-                                fn.__globals__, {"D": dict, "kw": {}})
+                if isinstance(node, ast.Compare) and isinstance(node.ops[0], ast.Eq) and \\
+                        getattr(getattr(node.left, "func", None), "id", "") == "merge":
+                    return eval(compile(ast.Expression(node.comparators[0]), "<x>", "eval"), ns)
 '''
 
 

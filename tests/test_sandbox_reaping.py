@@ -3,6 +3,7 @@ and ptrace inside the sandbox is refused (it could stop the sandbox's pid 1)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +52,27 @@ def test_ptrace_of_the_sandbox_init_is_refused(merge_task):
     assert "ptrace -1 Operation not permitted" in res.content and "next" in res.content, res.content
     assert not res.is_error and wall < 5, (wall, res.content)
     assert after.content.strip() == "alive"
+
+
+def test_an_unwaited_popen_is_left_to_its_owner(tmp_path):
+    """kill_uid must not wait on (or steal) the exit status of a sandbox Popen nobody waited for."""
+    import os
+
+    from envs.sandbox import Limits, Sandbox, kill_uid
+    from tests.envs_fixtures import WORK_ROOT
+    work = Path(WORK_ROOT) / f"unwaited-{tmp_path.name}"
+    work.mkdir(parents=True)
+    os.chown(work, UID, UID)
+    box = Sandbox(work, uid=UID, limits=Limits())
+    proc = box.popen(["bash", "-c", "exit 7"])
+    deadline = time.monotonic() + 10
+    while open(f"/proc/{proc.pid}/stat").read().split()[2] != "Z":   # exited, not yet waited for
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    start = time.monotonic()
+    kill_uid(UID)
+    assert time.monotonic() - start < 2
+    assert proc.wait() == 7
+    Sandbox.kill(proc)
+    assert processes_of_uid(UID) == []
+    work.rmdir()

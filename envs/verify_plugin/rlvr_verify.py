@@ -117,9 +117,15 @@ def _install() -> None:
         if event == "object.__getattr__":
             if args[1] not in _FRAME_ATTRS:
                 return
+        elif event == "object.__setattr__":
+            if args[1] != "__code__":
+                return
         elif event == "open":
-            path = args[0]
-            if not isinstance(path, str) or not path.startswith("/repo/"):
+            if isinstance(args[0], int) or (isinstance(args[0], str) and args[0].startswith("/")
+                                             and not args[0].startswith(("/repo/", "/proc/", "/dev/"))):
+                return
+            path = os.path.realpath(os.fsdecode(args[0]))   # relative, /proc/self/cwd, symlinks
+            if not path.startswith("/repo/"):
                 return
             base = os.path.basename(path)
             if not (any(d in path for d in test_dirs) or base.startswith("test_") or base.endswith(
@@ -140,7 +146,7 @@ def _install() -> None:
             importing = event in ("compile", "exec", "marshal.loads", "marshal.load")
             if not asked_by_target(caller, honest, importing):
                 return
-            what = f"{event} {args[1]}" if event == "object.__getattr__" else event
+            what = f"{event} {args[1]}" if event.startswith("object.") else event
             if event in ("open", "import", "os.listdir", "os.scandir"):
                 what += f" {str(args[0])[:200]}"
             refused.append(f"{what} from {os.path.basename(target)}")
@@ -151,7 +157,9 @@ def _install() -> None:
     sys.addaudithook(hook)
 
 
-def _snapshot() -> dict:
+def _snapshot(codes: bool = True) -> dict:
+    """ids of pytest's machinery; with codes, also of their code objects (reading __code__ is
+    an audited event, so the per-test checks leave it out: the hook sees code being set)."""
     snap = {}
     for modname in _WATCHED_MODULES:
         mod = sys.modules.get(modname)
@@ -162,10 +170,12 @@ def _snapshot() -> dict:
             if isinstance(value, type) and value.__module__ == modname:
                 for attr, member in list(vars(value).items()):
                     snap[(modname, name, attr)] = id(member)
+                    if not codes:
+                        continue
                     code = getattr(member, "__code__", None) or getattr(getattr(member, "fget", None), "__code__", None)
                     if code is not None:
                         snap[(modname, name, attr, "code")] = id(code)
-            code = getattr(value, "__code__", None)
+            code = getattr(value, "__code__", None) if codes else None
             if code is not None:
                 snap[(modname, name, "code")] = id(code)
     return snap
@@ -211,12 +221,13 @@ class _Verifier:
         return impls
 
     def _check(self, where: str) -> None:
-        now = _snapshot()
-        changed = [k for k, v in self.machinery.items() if now.get(k) != v]
+        full = where in ("collection", "sessionfinish")
+        now = _snapshot(codes=full)
+        changed = [k for k, v in self.machinery.items() if (full or k[-1] != "code") and now.get(k) != v]
         if changed:
             self.tampered.append(f"{where}: pytest internals changed: {sorted(map(str, changed))[:5]}")
-            self.machinery = now  # report each change once
-        if self.hookimpls is not None:
+            self.machinery = now if full else {**self.machinery, **now}  # report each change once
+        if self.hookimpls is not None and where == "sessionfinish":   # a full check costs ~1 ms
             hooks = self._hooks()
             if hooks != self.hookimpls:
                 diff = sorted(str(h[:2]) for h in hooks ^ self.hookimpls)
