@@ -138,11 +138,14 @@ def _coverage_contexts(sandbox: Sandbox, checkout: Path, packages: list[str], te
     return out
 
 
+def missing_modules(run) -> list[str]:
+    return sorted({m for msg in run.collect_messages for m in re.findall(r"No module named '([\w.]+)'", msg)})
+
+
 def baseline_error(library: str, run) -> str:
     """Why a baseline ran no test: the collection errors, and the modules they miss."""
-    missing = sorted({m for msg in run.collect_messages
-                      for m in re.findall(r"No module named '([\w.]+)'", msg)})
-    text = (f"{library}: the baseline test run collected no test; "
+    missing = missing_modules(run)
+    text = (f"{library}: the baseline test run collected {len(run.outcomes) or 'no'} test(s); "
             f"{len(run.collect_errors)} collection error(s):\n")
     text += "\n".join(f"--- {e}\n{m[-800:]}" for e, m in zip(run.collect_errors[:5], run.collect_messages))
     if missing:
@@ -188,13 +191,21 @@ def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic
     spaces = [workspace(i) for i in range(max(1, workers))]
     try:
         _, co0, sb0 = spaces[0]
-        runs = [run_tests(sb0, test_command, timeout_s=timeout_s, per_test_timeout_s=per_test_timeout_s)
-                for _ in range(2)]
+        runs = [run_tests(sb0, test_command, timeout_s=timeout_s, per_test_timeout_s=per_test_timeout_s,
+                          extra_args=["--continue-on-collection-errors"]) for _ in range(2)]
         for r in runs:
             if not r.finished or r.tampered:
                 raise RuntimeError(f"{library}: baseline test run failed:\n{r.output[-3000:]}")
             if not r.outcomes:
                 raise RuntimeError(baseline_error(library, r))
+        broken = set(runs[0].collect_errors)   # files that never collect: their tests are no one's
+        if broken:
+            miss = missing_modules(runs[0])
+            log(f"[mine] warning: {len(broken)} test file(s) do not collect: {', '.join(sorted(broken)[:8])}"
+                + (f"; they import modules the sandbox Python lacks: {', '.join(miss)} (test-only "
+                   "dependencies: install them into the sandbox Python to mine those tests)" if miss else "")
+                + "; mining the tests that do collect")
+            test_command.append("--continue-on-collection-errors")   # else pytest runs no test at all
         stable = runs[0].passed & runs[1].passed
         report.stable_tests = len(stable)
         report.flaky_tests = len(runs[0].passed ^ runs[1].passed)
@@ -238,7 +249,7 @@ def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic
                 run = run_tests(sb, test_command, timeout_s=timeout_s, per_test_timeout_s=per_test_timeout_s)
             finally:
                 module.write_text(original)
-            if run.collect_errors or not run.finished:
+            if set(run.collect_errors) - broken or not run.finished:
                 return None
             f2p = sorted(t for t in stable if run.outcomes.get(t) != "passed")
             if not f2p or len(f2p) > MAX_F2P_FRACTION * len(stable):

@@ -56,3 +56,15 @@ def test_missing_test_dependency_is_named(tmp_path):
     with pytest.raises(RuntimeError, match="collected no test") as err:
         mine_tree(info, tree, work_root=WORK_ROOT, uid_base=63030, workers=1, timeout_s=120)
     assert "lacks: freezegun_not_installed" in str(err.value) and "tests/test_core.py" in str(err.value)
+
+
+def test_files_that_do_not_collect_are_named_and_the_rest_is_mined(tmp_path):
+    files = dict(CLI_PKG)
+    files["tests/test_time.py"] = "import freezegun_not_installed\n\ndef test_t():\n    pass\n"
+    tree = _tree(tmp_path, files)
+    info = SdistInfo("shout", "1.0", "shout-1.0.tar.gz", "0" * 64, "file:///none")
+    logs = []
+    tasks, _ = mine_tree(info, tree, work_root=WORK_ROOT, uid_base=63030, workers=1, timeout_s=120,
+                         log=logs.append)
+    assert [t.qualname for t in tasks] == ["shout"]
+    assert any("tests/test_time.py" in line and "freezegun_not_installed" in line for line in logs), logs
