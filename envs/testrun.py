@@ -6,9 +6,9 @@ import json
 import os
 import secrets
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from envs.sandbox import Sandbox
 
@@ -67,7 +67,7 @@ def run_tests(sandbox: Sandbox, test_command: Sequence[str], nodeids: Sequence[s
     env = {"PYTHONPATH": INSIDE_PLUGIN, "RLVR_RESULT_FD": str(write_fd),
            "RLVR_RESULT_NONCE": nonce, "PYTHONDONTWRITEBYTECODE": "1"}
     if target is not None:
-        env["RLVR_TARGET"] = "%s:%d:%d" % target
+        env["RLVR_TARGET"] = f"{target[0]}:{target[1]}:{target[2]}"
     try:
         res = sandbox.run_argv(argv, timeout_s, env=env, pass_fds=(write_fd,),
                                extra_ro_binds=[(str(PLUGIN_DIR), INSIDE_PLUGIN)])

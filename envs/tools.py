@@ -194,8 +194,7 @@ class Tools:
             raise ToolError(f"Path {_show(path)} is too long: paths are limited to {MAX_PATH_BYTES} bytes "
                             "and each name in them to 255 bytes.")
         p = path.strip()
-        if p.startswith("@"):
-            p = p[1:]
+        p = p.removeprefix("@")
         if p == INSIDE_REPO or p.startswith(INSIDE_REPO + "/"):
             p = p[len(INSIDE_REPO):].lstrip("/") or "."
         elif os.path.isabs(p):

@@ -8,7 +8,13 @@ from envs.reward import build_verify_tree
 from envs.sandbox import INSIDE_REPO, Limits, Sandbox
 from envs.screen import screen
 from envs.testrun import run_tests
-from tests.envs_fixtures import WORK_ROOT, episode, replace_body, task_by_qualname, toolz_tasks
+from tests.envs_fixtures import (
+    WORK_ROOT,
+    episode,
+    replace_body,
+    task_by_qualname,
+    toolz_tasks,
+)
 from tests.tamper_attacks import ATTACKS, FRAME_SOURCE, HOOK_WRAPPER, WRONG, _indent
 
 UID = 63019

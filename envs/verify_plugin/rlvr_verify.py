@@ -216,7 +216,7 @@ class _Verifier:
         """Every registered plugin and hook implementation."""
         impls = {("plugin", name, id(plugin)) for name, plugin in self.pm.list_name_plugin()}
         for name, caller in vars(self.pm.hook).items():
-            for impl in getattr(caller, "get_hookimpls", lambda: [])():
+            for impl in getattr(caller, "get_hookimpls", list)():
                 impls.add((name, impl.plugin_name, id(impl.function)))
         return impls
 
