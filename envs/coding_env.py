@@ -51,7 +51,9 @@ class CodingEnv:
         try:
             self.checkout = self.dir / "repo"
             tmp = self.dir / "tmp"
-            shutil.copytree(self.pristine, self.checkout, symlinks=True)
+            # no __pycache__: the target module's .pyc holds the reference body
+            shutil.copytree(self.pristine, self.checkout, symlinks=True,
+                            ignore=shutil.ignore_patterns("__pycache__"))
             module = self.checkout / self.task.module_path
             module.write_text(self.task.stubbed_source((self.pristine / self.task.module_path).read_text()))
             tmp.mkdir(mode=0o700)

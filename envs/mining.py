@@ -2,17 +2,21 @@
 
 1. baseline the suite twice; tests passing both times are the stable set (flaky ones drop);
 2. one coverage run with per-test contexts tells which tests execute each function body;
-3. for each module-level function with a non-trivial body, replace the body (docstring and
-   signature kept) with a stub and run only the stable tests that touched it: those that now
-   fail are FAIL_TO_PASS; PASS_TO_PASS is the rest of the stable set.
+3. for each module-level function with a non-trivial body that some test touched, replace
+   the body (docstring and signature kept) with a stub and run the whole suite once: every
+   stable test that now fails is FAIL_TO_PASS (coverage cannot see a body run in a child
+   process, e.g. a test that runs the library's CLI in a subprocess: those tests are found
+   here, and recorded in meta["f2p_outside_coverage"]); PASS_TO_PASS is the rest.
 Dropped: bodies run at import (the stub would break importing), bodies shorter than
-MIN_BODY_LINES, duplicate bodies, and functions whose stub no test notices.
+MIN_BODY_LINES, duplicate bodies, functions whose stub no test notices, and stubs that break
+more than MAX_F2P_FRACTION of the suite (not a task about one function any more).
 """
 from __future__ import annotations
 
 import ast
 import json
 import os
+import re
 import shutil
 import textwrap
 import time
@@ -30,6 +34,7 @@ from envs.testrun import BASE_PYTEST, run_tests
 from rl.paths import DEFAULT_WORK_ROOT
 
 MIN_BODY_LINES = 2   # a one-line body (`return x`) is too trivial to be a task
+MAX_F2P_FRACTION = 0.5
 COVERAGE_RC = "[run]\nbranch = False\n[json]\nshow_contexts = True\n"
 
 
@@ -134,13 +139,39 @@ def _coverage_contexts(sandbox: Sandbox, checkout: Path, packages: list[str], te
     return out
 
 
+def missing_modules(run) -> list[str]:
+    return sorted({m for msg in run.collect_messages for m in re.findall(r"No module named '([\w.]+)'", msg)})
+
+
+def baseline_error(library: str, run) -> str:
+    """Why a baseline ran no test: the collection errors, and the modules they miss."""
+    missing = missing_modules(run)
+    text = (f"{library}: the baseline test run collected {len(run.outcomes) or 'no'} test(s); "
+            f"{len(run.collect_errors)} collection error(s):\n")
+    text += "\n".join(f"--- {e}\n{m[-800:]}" for e, m in zip(run.collect_errors[:5], run.collect_messages))
+    if missing:
+        text += (f"\nThe tests import modules the sandbox Python lacks: {', '.join(missing)}. They are "
+                 "test-only dependencies of the library; install them into the sandbox Python "
+                 "(scripts/setup.sh's sandbox venv) before mining.")
+    return text + f"\n{run.output[-1500:]}"
+
+
 def mine(library: str, version: str | None = None, work_root: str | Path = DEFAULT_WORK_ROOT,
          uid_base: int = 61900, workers: int = 2, limit: int | None = None,
          timeout_s: float = 600.0, per_test_timeout_s: float = 10.0,
          log: Callable[[str], None] = print) -> tuple[list[Task], MiningReport]:
-    t0 = time.monotonic()
     info: SdistInfo = lookup(library, version)
-    tree = pristine_tree(info)
+    return mine_tree(info, pristine_tree(info), work_root, uid_base, workers, limit, timeout_s,
+                     per_test_timeout_s, log)
+
+
+def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic-rlvr-work",
+              uid_base: int = 61900, workers: int = 2, limit: int | None = None,
+              timeout_s: float = 600.0, per_test_timeout_s: float = 10.0,
+              log: Callable[[str], None] = print) -> tuple[list[Task], MiningReport]:
+    """mine() on an extracted tree (the sdist's top directory)."""
+    t0 = time.monotonic()
+    library = info.library
     src_root, packages = find_packages(tree)
     if not packages:
         raise ValueError(f"{info.filename}: no package directory found at the top or under src/")
@@ -161,11 +192,21 @@ def mine(library: str, version: str | None = None, work_root: str | Path = DEFAU
     spaces = [workspace(i) for i in range(max(1, workers))]
     try:
         _, co0, sb0 = spaces[0]
-        runs = [run_tests(sb0, test_command, timeout_s=timeout_s, per_test_timeout_s=per_test_timeout_s)
-                for _ in range(2)]
+        runs = [run_tests(sb0, test_command, timeout_s=timeout_s, per_test_timeout_s=per_test_timeout_s,
+                          extra_args=["--continue-on-collection-errors"]) for _ in range(2)]
         for r in runs:
             if not r.finished or r.tampered:
                 raise RuntimeError(f"{library}: baseline test run failed:\n{r.output[-3000:]}")
+            if not r.outcomes:
+                raise RuntimeError(baseline_error(library, r))
+        broken = set(runs[0].collect_errors)   # files that never collect: their tests are no one's
+        if broken:
+            miss = missing_modules(runs[0])
+            log(f"[mine] warning: {len(broken)} test file(s) do not collect: {', '.join(sorted(broken)[:8])}"
+                + (f"; they import modules the sandbox Python lacks: {', '.join(miss)} (test-only "
+                   "dependencies: install them into the sandbox Python to mine those tests)" if miss else "")
+                + "; mining the tests that do collect")
+            test_command.append("--continue-on-collection-errors")   # else pytest runs no test at all
         stable = runs[0].passed & runs[1].passed
         report.stable_tests = len(stable)
         report.flaky_tests = len(runs[0].passed ^ runs[1].passed)
@@ -206,14 +247,13 @@ def mine(library: str, version: str | None = None, work_root: str | Path = DEFAU
             stub = stub_for(c)
             module.write_text("".join(lines[:c.start - 1]) + stub + "".join(lines[c.end:]))
             try:
-                run = run_tests(sb, test_command, sorted(c.tests), timeout_s=timeout_s,
-                                per_test_timeout_s=per_test_timeout_s)
+                run = run_tests(sb, test_command, timeout_s=timeout_s, per_test_timeout_s=per_test_timeout_s)
             finally:
                 module.write_text(original)
-            if run.collect_errors or not run.finished:
+            if set(run.collect_errors) - broken or not run.finished:
                 return None
-            f2p = sorted(t for t in c.tests if run.outcomes.get(t) != "passed")
-            if not f2p:
+            f2p = sorted(t for t in stable if run.outcomes.get(t) != "passed")
+            if not f2p or len(f2p) > MAX_F2P_FRACTION * len(stable):
                 return None
             return Task(
                 id=f"{library}-{info.version}:{c.module_path}:{c.qualname}", library=library,
@@ -222,7 +262,8 @@ def mine(library: str, version: str | None = None, work_root: str | Path = DEFAU
                 body_start_line=c.start, body_end_line=c.end, original_body=c.body, stub_body=stub,
                 fail_to_pass=f2p, pass_to_pass=sorted(stable - set(f2p)), test_command=test_command,
                 problem_statement=problem_statement(library, c, src_root),
-                meta={"candidate_tests": len(c.tests), "body_lines": c.end - c.start + 1})
+                meta={"candidate_tests": len(c.tests), "body_lines": c.end - c.start + 1,
+                      "f2p_outside_coverage": sorted(set(f2p) - c.tests)})
 
         # each worker owns one workspace: probe i runs in workspace i % workers, so split by it
         order = list(enumerate(kept))

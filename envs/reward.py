@@ -1,9 +1,13 @@
 """Execution reward: the repository's own tests, run on a pristine copy of the repo with only
-the agent's non-test source changes applied, read through the verification plugin.
+the agent's target function taken from its checkout, read through the verification plugin.
 
-Rules: no edit -> 0; any PASS_TO_PASS regression -> 0; tampering detected -> 0; otherwise
-the fraction of FAIL_TO_PASS tests that pass (1.0 = full pass). A test that never reports
-(timeout, crash, hang) is a failure.
+Rules: no edit of the target module -> 0; a change in that module outside the target
+function's body (new imports at the top aside) or introspection in the body -> 0 (see
+envs/screen.py); any PASS_TO_PASS regression -> 0; tampering or a refused operation seen in
+the test process -> 0; otherwise the fraction of FAIL_TO_PASS tests that pass (1.0 = full
+pass). A test that never reports (timeout, crash, hang) is a failure. Changes to any other
+file are not taken (they are listed in parts["ignored_files"]). Every reason for a 0 that
+is not a test outcome is a line in `flags`, for the trace and the training metrics.
 """
 from __future__ import annotations
 
@@ -15,7 +19,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envs.sandbox import Limits, Sandbox
+from envs.sandbox import INSIDE_REPO, Limits, Sandbox
+from envs.screen import screen
 from envs.tasks import Task
 from envs.testrun import run_tests
 
@@ -31,6 +36,7 @@ class RewardResult:
     tests_total: int = 0
     seconds: float = 0.0
     error: str | None = None
+    flags: list[str] = field(default_factory=list)   # tampering/screen reasons: non-empty => reward 0
 
 
 def is_test_path(rel: str) -> bool:
@@ -67,20 +73,17 @@ def changed_sources(task: Task, checkout: Path, pristine: Path) -> list[str]:
     return sorted(changed)
 
 
-def build_verify_tree(task: Task, checkout: Path, pristine: Path, dest: Path, files: list[str]) -> None:
-    """Pristine tree + stub + the agent's changed files; root-owned, read-only to the sandbox."""
+def build_verify_tree(task: Task, submitted: str, pristine: Path, dest: Path) -> None:
+    """Pristine tree with the agent's target module; root-owned, read-only to the sandbox.
+    The module's pristine .pyc (which holds the reference body) is removed."""
     shutil.copytree(pristine, dest, symlinks=True)
     module = dest / task.module_path
-    module.write_text(task.stubbed_source((pristine / task.module_path).read_text()))
-    for rel in files:
-        target = dest / rel
-        shutil.copyfile(checkout / rel, target, follow_symlinks=False)
-        os.chmod(target, 0o644)
-        stale = target.parent / "__pycache__"
-        if stale.is_dir():   # make sure the agent's source, not a pristine .pyc, is what runs
-            for pyc in stale.glob(f"{target.stem}.*.pyc"):
-                pyc.unlink()
+    module.write_text(submitted)
     os.chmod(module, 0o644)
+    stale = module.parent / "__pycache__"
+    if stale.is_dir():
+        for pyc in stale.glob(f"{module.stem}.*.pyc"):
+            pyc.unlink()
 
 
 def compute_reward(task: Task, checkout: Path, pristine: Path, scratch: Path, uid: int,
@@ -90,32 +93,43 @@ def compute_reward(task: Task, checkout: Path, pristine: Path, scratch: Path, ui
         return RewardResult(0.0, {"reason": "checkout missing"}, error=f"the checkout {checkout} is gone; "
                             "the environment broke during the episode", seconds=time.monotonic() - start)
     files = changed_sources(task, checkout, pristine)
-    if not files:
-        return RewardResult(0.0, {"reason": "no source file was edited"}, edited=False,
-                            tests_total=len(task.fail_to_pass) + len(task.pass_to_pass),
-                            seconds=time.monotonic() - start)
+    total = len(task.fail_to_pass) + len(task.pass_to_pass)
+    ignored = [f for f in files if f != task.module_path]
+    if task.module_path not in files:
+        return RewardResult(0.0, {"reason": "no source file was edited", "ignored_files": ignored[:20]},
+                            edited=False, tests_total=total, seconds=time.monotonic() - start)
+    original = (pristine / task.module_path).read_text()
+    submitted = (checkout / task.module_path).read_bytes().decode("utf-8", errors="replace")
+    checked = screen(task, submitted, task.stubbed_source(original), original)
+    if checked.flags:
+        return RewardResult(0.0, {"reason": "submission refused", "ignored_files": ignored[:20]}, edited=True,
+                            tests_total=total, seconds=time.monotonic() - start,
+                            error=checked.flags[0], flags=checked.flags)
     dest = scratch / f"verify-{uuid.uuid4().hex[:8]}"
+    target = (f"{INSIDE_REPO}/{task.module_path}", *checked.def_range)
     try:
-        build_verify_tree(task, checkout, pristine, dest, files)
+        build_verify_tree(task, submitted, pristine, dest)
         sandbox = Sandbox(dest, uid=uid, limits=limits, workdir_readonly=True)
         run = run_tests(sandbox, task.test_command, timeout_s=timeout_s,
-                        per_test_timeout_s=per_test_timeout_s)
+                        per_test_timeout_s=per_test_timeout_s, target=target)
     finally:
         shutil.rmtree(dest, ignore_errors=True)
     f2p_passed = [t for t in task.fail_to_pass if run.outcomes.get(t) == "passed"]
     p2p_failed = [t for t in task.pass_to_pass if run.outcomes.get(t) != "passed"]
     parts = {"f2p_passed": len(f2p_passed), "f2p_total": len(task.fail_to_pass),
              "p2p_failed": len(p2p_failed), "p2p_total": len(task.pass_to_pass),
-             "p2p_failed_ids": p2p_failed[:10], "changed_files": files,
-             "tampered": run.tampered[:5], "timed_out": run.timed_out,
+             "p2p_failed_ids": p2p_failed[:10], "changed_files": [task.module_path],
+             "ignored_files": ignored[:20], "tampered": run.tampered[:5], "timed_out": run.timed_out,
              "collect_errors": run.collect_errors[:5], "pytest_seconds": run.seconds}
     error = None
-    if not run.finished:
+    flags = [f"tampering with the test run detected: {t}" for t in run.tampered[:5]]
+    flags += [f"refused in the test process: {r}" for r in run.refused[:5]]
+    if flags:   # a refusal is a verdict even when the session then crashed or hung
+        reward, error = 0.0, flags[0]
+    elif not run.finished:
         reward = 0.0
         error = ("verification timed out after %gs" % timeout_s if run.timed_out else
                  "the test session did not finish (crash or exit from the code under test)")
-    elif run.tampered:
-        reward, error = 0.0, f"tampering with the test run detected: {run.tampered[0]}"
     elif p2p_failed:
         reward = 0.0
         error = f"{len(p2p_failed)} previously passing test(s) now fail, e.g. {p2p_failed[0]}"
@@ -124,4 +138,4 @@ def compute_reward(task: Task, checkout: Path, pristine: Path, scratch: Path, ui
     passed = len(f2p_passed) + len(task.pass_to_pass) - len(p2p_failed)
     return RewardResult(reward, parts, edited=True, tests_passed=passed,
                         tests_total=len(task.fail_to_pass) + len(task.pass_to_pass),
-                        seconds=time.monotonic() - start, error=error)
+                        seconds=time.monotonic() - start, error=error, flags=flags)

@@ -6,8 +6,12 @@ to an unprivileged uid with `setpriv`, applies rlimits with `prlimit`, then `bwr
 a fresh mount/pid/net/ipc/uts/user namespace with read-only system directories, the
 world-readable sandbox Python, a private /tmp and a read-write bind of the checkout.
 bwrap started as root is escapable (it can remount read-write), hence the uid drop first.
-Killing bwrap (SIGKILL to its process group) takes down the sandbox's pid 1, and the
-kernel then kills every process left in the pid namespace, even ones that called setsid.
+Killing the sandbox's pid 1 (bwrap's init) makes the kernel kill every process left in its
+pid namespace, even ones that called setsid. The sandbox is ended from the inside out (its
+processes first, then bwrap, which reaps its own pid 1), and the host process is a child
+subreaper that reaps whatever is orphaned anyway: an unreaped zombie still counts against
+the uid's RLIMIT_NPROC, and a container's init may never reap it. A seccomp filter denies
+ptrace and cross-process memory access inside, so nothing can stop or steer the pid 1.
 """
 from __future__ import annotations
 
@@ -17,15 +21,25 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
 
+from envs.procs import (  # noqa: F401  (re-exported)
+    _seccomp_fd,
+    _spawn,
+    kill_sandboxed,
+    kill_uid,
+    processes_of_uid,
+    reap_orphans,
+    seccomp_program,
+)
 from rl.paths import rlvr_home
 
 INSIDE_REPO = "/repo"           # where the checkout appears inside the sandbox
 INSIDE_TMP = "/tmp"
 _MIB = 1024 * 1024
+_ARGV_COMMAND_MAX = 100_000     # bytes of a command passed as bash -c's argument
 
 # Read-only system paths every sandbox sees. /etc is not bound whole: only what programs
 # need to start; /etc/shadow and friends simply do not exist inside.
@@ -98,7 +112,7 @@ class Sandbox:
              extra_ro_binds: Sequence[tuple[str, str]] = (),
              extra_rw_binds: Sequence[tuple[str, str]] = (),
              share_net: bool = False, memory_mib: int | None = None,
-             cpu_s: int | None = None) -> list[str]:
+             cpu_s: int | None = None, seccomp_fd: int | None = None) -> list[str]:
         lim = self.limits
         mem = lim.memory_mib if memory_mib is None else memory_mib
         cpu = lim.cpu_s if cpu_s is None else cpu_s
@@ -112,6 +126,8 @@ class Sandbox:
                 "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
         if share_net:
             cmd.append("--share-net")
+        if seccomp_fd is not None:
+            cmd += ["--seccomp", str(seccomp_fd)]
         for p in _RO_SYSTEM:
             cmd += ["--ro-bind", p, p]
         for link, target in (("/bin", "usr/bin"), ("/lib", "usr/lib"), ("/lib64", "usr/lib64"),
@@ -143,19 +159,37 @@ class Sandbox:
 
     # --- running ---------------------------------------------------------------------
     def run(self, command: str, timeout_s: float) -> CommandResult:
-        """Run `bash -c command` in the checkout; never raises for what the command does."""
-        return self.run_argv(["bash", "-c", command], timeout_s)
+        """Run `bash -c command` in the checkout; never raises for what the command does.
+
+        A command too long for one argv string (Linux: 128 KiB) is read by bash from an
+        inherited file instead."""
+        script = command.encode("utf-8", "surrogateescape")
+        if len(script) <= _ARGV_COMMAND_MAX:
+            return self.run_argv(["bash", "-c", command], timeout_s)
+        fd = os.memfd_create("rlvr-command", 0)
+        try:
+            os.write(fd, script)
+            os.lseek(fd, 0, os.SEEK_SET)
+            return self.run_argv(["bash", f"/dev/fd/{fd}"], timeout_s, pass_fds=(fd,))
+        finally:
+            os.close(fd)
 
     def run_argv(self, inner: Sequence[str], timeout_s: float, env: Mapping[str, str] | None = None,
                  pass_fds: Sequence[int] = (), extra_ro_binds: Sequence[tuple[str, str]] = (),
                  max_output_chars: int | None = None) -> CommandResult:
         cap = self.max_output_chars if max_output_chars is None else max_output_chars
         start = time.monotonic()
-        proc = subprocess.Popen(
-            self.argv(inner, env=env, extra_ro_binds=extra_ro_binds,
-                      cpu_s=max(1, int(timeout_s) + 1) if timeout_s < self.limits.cpu_s else None),
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=True, pass_fds=tuple(pass_fds))
+        filt = _seccomp_fd()
+        try:
+            proc = _spawn(
+                self.argv(inner, env=env, extra_ro_binds=extra_ro_binds, seccomp_fd=filt,
+                          cpu_s=max(1, int(timeout_s) + 1) if timeout_s < self.limits.cpu_s else None),
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                start_new_session=True, pass_fds=tuple(pass_fds) + ((filt,) if filt is not None else ()))
+        finally:
+            if filt is not None:
+                os.close(filt)
+        proc.sandbox_uid = self.uid
         tail = bytearray()
         total = 0
         timed_out = limit_hit = False
@@ -182,7 +216,6 @@ class Sandbox:
                     break
         finally:
             self.kill(proc)
-            kill_sandboxed(self.uid)  # the pid namespace dies with bwrap, but asynchronously
         exit_code = 124 if timed_out else proc.returncode
         text = tail.decode("utf-8", errors="replace")
         truncated = total > len(tail) or len(text) > cap
@@ -203,16 +236,23 @@ class Sandbox:
         virtual memory: pass memory_mib=0 (no RLIMIT_AS) for pi.
         """
         popen_kwargs.setdefault("stdin", subprocess.DEVNULL)
-        proc = subprocess.Popen(
-            self.argv(inner, env=env, extra_ro_binds=extra_ro_binds, extra_rw_binds=extra_rw_binds,
-                      share_net=share_net, memory_mib=memory_mib, cpu_s=cpu_s),
-            start_new_session=True, **popen_kwargs)
+        filt = _seccomp_fd()
+        fds = tuple(popen_kwargs.pop("pass_fds", ())) + ((filt,) if filt is not None else ())
+        try:
+            proc = _spawn(
+                self.argv(inner, env=env, extra_ro_binds=extra_ro_binds, extra_rw_binds=extra_rw_binds,
+                          share_net=share_net, memory_mib=memory_mib, cpu_s=cpu_s, seccomp_fd=filt),
+                start_new_session=True, pass_fds=fds, **popen_kwargs)
+        finally:
+            if filt is not None:
+                os.close(filt)
         proc.sandbox_uid = self.uid  # lets Sandbox.kill wait until the sandbox is really empty
         return proc
 
     @staticmethod
     def kill(proc: subprocess.Popen) -> None:
-        """SIGKILL the process group; bwrap's death collapses the sandbox's pid namespace."""
+        """SIGKILL the process group; bwrap's death collapses the sandbox's pid namespace.
+        Then wait until the sandbox is empty and its orphaned pid 1 is reaped."""
         if proc.poll() is None:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -227,61 +267,6 @@ class Sandbox:
     def kill_uid_leftovers(self) -> int:
         """Kill any process still running as this sandbox's uid (belt and braces); count them."""
         return kill_uid(self.uid)
-
-
-def processes_of_uid(uid: int) -> list[int]:
-    """Live (non-zombie) processes whose real uid is `uid`."""
-    pids = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/status") as f:
-                for line in f:
-                    if line.startswith("State:") and line.split()[1] in ("Z", "X"):
-                        break
-                    if line.startswith("Uid:"):
-                        if int(line.split()[1]) == uid:
-                            pids.append(int(entry.name))
-                        break
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
-    return pids
-
-
-def _in_child_pid_namespace(pid: int) -> bool:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/pid") != os.readlink("/proc/self/ns/pid")
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
-def kill_sandboxed(uid: int, timeout_s: float = 10.0) -> int:
-    """Like kill_uid, but only processes inside a sandbox's pid namespace (never a host
-    process that happens to share the uid)."""
-    return kill_uid(uid, timeout_s, only=_in_child_pid_namespace)
-
-
-def kill_uid(uid: int, timeout_s: float = 10.0, only=lambda pid: True) -> int:
-    """SIGKILL every process of `uid` and wait until none is left; count them.
-
-    A killed process lingers until the kernel delivers the signal, and a fork in flight can
-    add one: loop until the uid has no live process."""
-    if uid == 0:
-        raise ValueError("refusing to kill processes of uid 0")
-    killed: set[int] = set()
-    deadline = time.monotonic() + timeout_s
-    while pids := [p for p in processes_of_uid(uid) if only(p)]:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"processes {pids} of sandbox uid {uid} survived SIGKILL for {timeout_s} s")
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        killed.update(pids)
-        time.sleep(0.01)
-    return len(killed)
 
 
 def chown_tree(path: Path, uid: int) -> None:

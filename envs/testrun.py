@@ -6,9 +6,9 @@ import json
 import os
 import secrets
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from envs.sandbox import Sandbox
 
@@ -23,7 +23,9 @@ BASE_PYTEST = ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "
 class TestRun:
     outcomes: dict[str, str] = field(default_factory=dict)   # nodeid -> passed|failed|skipped|xpassed
     collect_errors: list[str] = field(default_factory=list)
+    collect_messages: list[str] = field(default_factory=list)   # their tracebacks' tails
     tampered: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)   # operations the audit hook refused the target
     finished: bool = False        # the plugin reached session end
     forged_lines: int = 0         # lines on the channel without the nonce
     timed_out: bool = False
@@ -38,8 +40,10 @@ class TestRun:
 
 def run_tests(sandbox: Sandbox, test_command: Sequence[str], nodeids: Sequence[str] = (),
               timeout_s: float = 120.0, per_test_timeout_s: float = 10.0,
-              extra_args: Sequence[str] = ()) -> TestRun:
-    """Run `test_command` (+ nodeids) in the sandbox's checkout with the plugin loaded."""
+              extra_args: Sequence[str] = (), target: tuple[str, int, int] | None = None) -> TestRun:
+    """Run `test_command` (+ nodeids) in the sandbox's checkout with the plugin loaded.
+    target: (file inside the sandbox, first line, last line) of the function under test,
+    whose frames the plugin's audit hook holds to account."""
     read_fd, write_fd = os.pipe()
     nonce = secrets.token_hex(16)
     chunks: list[bytes] = []
@@ -62,6 +66,8 @@ def run_tests(sandbox: Sandbox, test_command: Sequence[str], nodeids: Sequence[s
     argv = [*test_command, f"--timeout={per_test_timeout_s:g}", *extra_args, *nodeids]
     env = {"PYTHONPATH": INSIDE_PLUGIN, "RLVR_RESULT_FD": str(write_fd),
            "RLVR_RESULT_NONCE": nonce, "PYTHONDONTWRITEBYTECODE": "1"}
+    if target is not None:
+        env["RLVR_TARGET"] = f"{target[0]}:{target[1]}:{target[2]}"
     try:
         res = sandbox.run_argv(argv, timeout_s, env=env, pass_fds=(write_fd,),
                                extra_ro_binds=[(str(PLUGIN_DIR), INSIDE_PLUGIN)])
@@ -87,9 +93,11 @@ def run_tests(sandbox: Sandbox, test_command: Sequence[str], nodeids: Sequence[s
                 run.outcomes[rec["nodeid"]] = rec["outcome"]
         elif "collect_error" in rec:
             run.collect_errors.append(rec["collect_error"])
+            run.collect_messages.append(str(rec.get("message", ""))[-2000:])
         elif rec.get("finished"):
             run.finished = True
             run.tampered.extend(rec.get("tampered", []))
+            run.refused.extend(rec.get("refused", []))
     if flooded:
         run.tampered.append(f"result channel flooded past {MAX_CHANNEL_BYTES} bytes")
     if run.forged_lines:

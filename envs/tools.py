@@ -3,13 +3,18 @@ tolerant dispatcher: undeclared arguments are dropped, `null` counts as absent, 
 ill-typed required argument returns an instructive error, and no input ever raises.
 
 File tools run on the host but only inside the checkout: paths are resolved (symlinks
-included) and refused if they leave it; files written are handed to the sandbox uid.
-`bash` runs in the sandbox.
+included) and refused if they leave it; only regular files are opened (never blocking on a
+FIFO); files written are handed to the sandbox uid. `bash` runs in the sandbox. Every
+message is bounded, names the limit it hit, and never shows a host path.
 """
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
+import signal
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +26,8 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in PI_TOOLS}
 
 MAX_LINES = 2000          # pi's DEFAULT_MAX_LINES
 MAX_BYTES = 50 * 1024     # pi's DEFAULT_MAX_BYTES
+MAX_PATH_BYTES = 4096     # PATH_MAX; a component may have at most NAME_MAX = 255 bytes
+_SHOWN = 200              # characters of an argument echoed back in a message
 
 
 @dataclass
@@ -31,6 +38,20 @@ class ToolResult:
 
 class ToolError(Exception):
     """A tool call that cannot run; the message goes back to the model."""
+
+
+def _show(value: str) -> str:
+    """An argument as it may appear in a message: bounded and valid UTF-8."""
+    text = value if len(value) <= _SHOWN else value[:_SHOWN] + f"... ({len(value)} characters)"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _utf8(name: str, arg: str, value: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ToolError(f"Argument `{arg}` of `{name}` is not valid text: character {e.start} is a lone "
+                        f"surrogate ({value[e.start]!a}), which cannot be encoded as UTF-8.") from None
 
 
 def _accepted(name: str) -> str:
@@ -54,6 +75,9 @@ def _normalize_args(name: str, arguments: Any) -> dict:
         except json.JSONDecodeError as e:
             raise ToolError(f"Arguments for `{name}` are not valid JSON ({e.msg} at position {e.pos}). "
                             f"Send a JSON object with: {_accepted(name)}.") from None
+        except RecursionError:
+            raise ToolError(f"Arguments for `{name}` are nested too deeply. "
+                            f"Send a flat JSON object with: {_accepted(name)}.") from None
     if not isinstance(arguments, dict):
         raise ToolError(f"Arguments for `{name}` must be a JSON object, got {type(arguments).__name__}. "
                         f"It accepts: {_accepted(name)}.")
@@ -78,27 +102,39 @@ def _normalize_args(name: str, arguments: Any) -> dict:
             args[arg] = _number(name, arg, value)
         elif kind == "array":
             args[arg] = _edits(value)
+        if isinstance(args[arg], str):
+            _utf8(name, arg, args[arg])
+        elif kind == "array":
+            for e in args[arg]:
+                _utf8(name, "edits", e["oldText"])
+                _utf8(name, "edits", e["newText"])
     return args
 
 
 def _number(name: str, arg: str, value: Any) -> float:
     if isinstance(value, bool):
         raise ToolError(f"Argument `{arg}` of `{name}` must be a number, got a boolean.")
+    number = None
     if isinstance(value, (int, float)):
-        return value
-    if isinstance(value, str):
+        number = value
+    elif isinstance(value, str) and len(value) <= 100:
         try:
-            return float(value) if "." in value else int(value)
+            number = float(value) if "." in value else int(value)
         except ValueError:
             pass
-    raise ToolError(f"Argument `{arg}` of `{name}` must be a number, got {value!r}. It accepts: {_accepted(name)}.")
+    if number is None:
+        shown = _show(value) if isinstance(value, str) else type(value).__name__
+        raise ToolError(f"Argument `{arg}` of `{name}` must be a number, got {shown!r}. It accepts: {_accepted(name)}.")
+    if not math.isfinite(number) or abs(number) > 2 ** 53:
+        raise ToolError(f"Argument `{arg}` of `{name}` must be a finite number of reasonable size, got {number!r}.")
+    return number
 
 
 def _edits(value: Any) -> list[dict]:
     if isinstance(value, str):   # a JSON-encoded array, as small models often send
         try:
             value = json.loads(value)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             raise ToolError("Argument `edits` of `edit` must be an array of {oldText, newText} objects; "
                             "got a string that is not JSON.") from None
     if isinstance(value, dict):
@@ -109,7 +145,8 @@ def _edits(value: Any) -> list[dict]:
     out = []
     for i, e in enumerate(value):
         if not isinstance(e, dict) or not isinstance(e.get("oldText"), str) or not isinstance(e.get("newText"), str):
-            raise ToolError(f"edits[{i}] must be an object with string fields oldText and newText, got {e!r:.200}.")
+            got = f"keys {_show(str(sorted(map(str, e))))}" if isinstance(e, dict) else type(e).__name__
+            raise ToolError(f"edits[{i}] must be an object with string fields oldText and newText, got {got}.")
         out.append({"oldText": e["oldText"], "newText": e["newText"]})
     return out
 
@@ -131,13 +168,17 @@ class Tools:
     def call(self, name: str, arguments: Any) -> ToolResult:
         """Dispatch one tool call; errors become ToolResult(is_error=True), never exceptions."""
         if not isinstance(name, str) or name not in SCHEMAS:
-            return ToolResult(f"Unknown tool {name!r}. Available tools: {', '.join(SCHEMAS)}.", True)
+            shown = repr(_show(name)) if isinstance(name, str) else type(name).__name__ if name is not None else "None"
+            return ToolResult(f"Unknown tool {shown}. Available tools: {', '.join(SCHEMAS)}.", True)
         try:
             args = _normalize_args(name, arguments)
             text = getattr(self, f"_{name}")(**args)
             return ToolResult(self._bound(text), False)
         except ToolError as e:
             return ToolResult(self._bound(str(e)), True)
+        except OSError as e:   # the host refused a file operation: say which, without host paths
+            code = errno.errorcode.get(e.errno, "error")
+            return ToolResult(f"Tool `{name}` failed: {code} ({e.strerror or 'error'}).", True)
 
     def _bound(self, text: str) -> str:
         if len(text) <= self.max_output_chars:
@@ -146,28 +187,66 @@ class Tools:
 
     # --- paths -----------------------------------------------------------------------
     def _host_path(self, path: str) -> Path:
+        if "\0" in path:
+            raise ToolError(f"Path {_show(path)!r} contains a NUL byte; paths cannot.")
+        raw = path.encode("utf-8")
+        if len(raw) > MAX_PATH_BYTES or any(len(part) > 255 for part in raw.split(b"/")):
+            raise ToolError(f"Path {_show(path)} is too long: paths are limited to {MAX_PATH_BYTES} bytes "
+                            "and each name in them to 255 bytes.")
         p = path.strip()
-        if p.startswith("@"):
-            p = p[1:]
+        p = p.removeprefix("@")
         if p == INSIDE_REPO or p.startswith(INSIDE_REPO + "/"):
             p = p[len(INSIDE_REPO):].lstrip("/") or "."
         elif os.path.isabs(p):
-            raise ToolError(f"Path {path} is outside the repository; use a path relative to the "
+            raise ToolError(f"Path {_show(path)} is outside the repository; use a path relative to the "
                             f"working directory ({INSIDE_REPO}).")
         host = self.root / p
         real = Path(os.path.realpath(host))
         if real != self.root and self.root not in real.parents:
-            raise ToolError(f"Path {path} resolves outside the repository; it cannot be used.")
+            raise ToolError(f"Path {_show(path)} resolves outside the repository; it cannot be used.")
         return real
+
+    def _open_regular(self, host: Path, path: str, verb: str, flags: int) -> int:
+        """An fd of a regular file; O_NONBLOCK so a FIFO can never hang the call."""
+        try:
+            fd = os.open(host, flags | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except FileNotFoundError:
+            raise ToolError(f"Could not {verb} file: {_show(path)}. File not found.") from None
+        except IsADirectoryError:
+            raise ToolError(f"Could not {verb} file: {_show(path)}. It is a directory (use bash: ls).") from None
+        except OSError as e:
+            if e.errno in (errno.ENXIO, errno.ELOOP):   # FIFO without a reader; a symlink swapped in
+                raise ToolError(f"Could not {verb} file: {_show(path)}. It is not a regular file.") from None
+            raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode)
+                    else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device")
+            raise ToolError(f"Could not {verb} file: {_show(path)}. It is {kind}, not a regular file; "
+                            "the file tools only open regular files.")
+        return fd
+
+    def _read_text(self, host: Path, path: str, verb: str) -> str:
+        fd = self._open_regular(host, path, verb, os.O_RDONLY)
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(self.max_file_bytes + 1)
+        if len(data) > self.max_file_bytes:
+            raise ToolError(f"Could not {verb} file: {_show(path)}. It is larger than the "
+                            f"{self.max_file_bytes} byte file size limit.")
+        return data.decode("utf-8", errors="replace")
+
+    def _write_text(self, host: Path, path: str, text: str) -> None:
+        fd = self._open_regular(host, path, "write", os.O_WRONLY | os.O_CREAT)
+        with os.fdopen(fd, "wb") as f:
+            f.truncate(0)
+            f.write(text.encode("utf-8"))
+        os.lchown(host, self.uid, self.uid)
 
     # --- tools -----------------------------------------------------------------------
     def _read(self, path: str, offset: float | None = None, limit: float | None = None) -> str:
         host = self._host_path(path)
-        if host.is_dir():
-            raise ToolError(f"Could not read file: {path}. It is a directory (use bash: ls {path}).")
-        if not host.is_file():
-            raise ToolError(f"Could not read file: {path}. File not found.")
-        lines = host.read_bytes().decode("utf-8", errors="replace").split("\n")
+        lines = self._read_text(host, path, "read").split("\n")
         start = max(0, int(offset) - 1) if offset else 0
         if start >= len(lines):
             raise ToolError(f"Offset {int(offset)} is beyond end of file ({len(lines)} lines total)")
@@ -180,7 +259,7 @@ class Tools:
             size += len(line.encode()) + 1
         if not out and start < end:
             return (f"[Line {start + 1} exceeds {MAX_BYTES // 1024}KB limit. Use bash: "
-                    f"sed -n '{start + 1}p' {path} | head -c {MAX_BYTES}]")
+                    f"sed -n '{start + 1}p' {_show(path)} | head -c {MAX_BYTES}]")
         text = "\n".join(out)
         shown_end = start + len(out)
         if shown_end < end:
@@ -193,28 +272,26 @@ class Tools:
         if len(content.encode()) > self.max_file_bytes:
             raise ToolError(f"Content is larger than the {self.max_file_bytes} byte file limit.")
         host = self._host_path(path)
-        if host.is_dir():
-            raise ToolError(f"Could not write file: {path}. It is a directory.")
-        self._make_parents(host.parent)
-        host.write_text(content)
-        os.lchown(host, self.uid, self.uid)
+        self._make_parents(host.parent, path)
+        self._write_text(host, path, content)
         self.files_written.add(str(host.relative_to(self.root)))
-        return f"Successfully wrote {len(content.encode())} bytes to {path}"
+        return f"Successfully wrote {len(content.encode())} bytes to {_show(path)}"
 
-    def _make_parents(self, parent: Path) -> None:
+    def _make_parents(self, parent: Path, path: str) -> None:
         missing = []
         while not parent.exists():
             missing.append(parent)
             parent = parent.parent
+        if not parent.is_dir():
+            raise ToolError(f"Could not write file: {_show(path)}. A parent of it is a file, not a directory.")
         for d in reversed(missing):
             d.mkdir()
             os.lchown(d, self.uid, self.uid)
 
     def _edit(self, path: str, edits: list[dict]) -> str:
         host = self._host_path(path)
-        if not host.is_file():
-            raise ToolError(f"Could not edit file: {path}. Error code: ENOENT.")
-        raw = host.read_bytes().decode("utf-8", errors="replace")
+        path = _show(path)
+        raw = self._read_text(host, path, "edit")
         bom = "\ufeff" if raw.startswith("\ufeff") else ""
         raw = raw[len(bom):]
         crlf = "\r\n" in raw
@@ -246,12 +323,16 @@ class Tools:
             raise ToolError(f"No changes made to {path}. The replacement produced identical content.")
         if crlf:
             new = new.replace("\n", "\r\n")
-        host.write_text(bom + new)
-        os.lchown(host, self.uid, self.uid)
+        if len((bom + new).encode()) > self.max_file_bytes:
+            raise ToolError(f"The edited {path} would be larger than the {self.max_file_bytes} byte file limit.")
+        self._write_text(host, path, bom + new)
         self.files_written.add(str(host.relative_to(self.root)))
         return f"Successfully replaced {len(edits)} block(s) in {path}."
 
     def _bash(self, command: str, timeout: float | None = None) -> str:
+        if "\0" in command:
+            raise ToolError(f"The command contains a NUL byte at character {command.index(chr(0))}; "
+                            "bash cannot run it. Write binary data with printf escapes instead.")
         limit = self.command_timeout_s if not timeout or timeout <= 0 else min(timeout, self.command_timeout_s)
         res = self.sandbox.run(command, limit)
         lines = res.output.split("\n")
@@ -263,9 +344,22 @@ class Tools:
         if not text:
             text = "(no output)"
         if res.output_limit_hit:
-            raise ToolError(text + f"\n\nCommand killed: it printed more than {res.total_output_bytes} bytes")
+            raise ToolError(text + f"\n\nCommand killed: its output passed the limit of "
+                            f"{self.sandbox.limits.max_output_bytes} bytes")
         if res.timed_out:
-            raise ToolError(text + f"\n\nCommand timed out after {limit:g} seconds")
+            raise ToolError(text + f"\n\nCommand timed out after {limit:g} seconds (the time limit)")
         if res.exit_code != 0:
-            raise ToolError(text + f"\n\nCommand exited with code {res.exit_code}")
+            raise ToolError(text + f"\n\nCommand exited with code {res.exit_code}{self._why(res.exit_code)}")
         return text
+
+    def _why(self, code: int) -> str:
+        """What a signal exit means here: most are a limit of the sandbox."""
+        sig = -code if code < 0 else code - 128 if 128 < code < 160 else None
+        lim = self.sandbox.limits
+        known = {signal.SIGXFSZ: f"a file reached the {lim.max_file_mib} MiB file size limit",
+                 signal.SIGXCPU: f"it used up the {lim.cpu_s} s CPU time limit",
+                 signal.SIGSEGV: "segmentation fault"}
+        if sig not in set(signal.Signals):
+            return ""
+        name = signal.Signals(sig).name
+        return f" ({name}: {known[sig]})" if sig in known else f" ({name})"

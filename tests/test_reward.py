@@ -49,16 +49,31 @@ def test_wrong_implementation_gets_partial_credit(merge_task):
     assert r.parts["p2p_failed"] == 0 and r.parts["f2p_passed"] < r.parts["f2p_total"]
 
 
-def test_breaking_an_unrelated_test_scores_zero(tasks, merge_task):
+def test_only_the_target_function_is_taken(tasks, merge_task):
+    """Another module's change is not taken; a change elsewhere in the target module scores 0."""
     other = task_by_qualname(tasks, "frequencies")
-    assert set(other.fail_to_pass) <= set(merge_task.pass_to_pass)
+    assert other.module_path != merge_task.module_path
     with episode(merge_task) as env:
         replace_body(env, merge_task.original_body)
         res = env.call_tool("edit", {"path": other.module_path,
                                      "edits": [{"oldText": other.original_body, "newText": other.stub_body}]})
         assert not res.is_error, res.content
         r = env.reward()
-    assert r.reward == 0.0 and r.parts["p2p_failed"] >= 1 and "previously passing" in r.error
+        assert r.reward == 1.0 and r.parts["ignored_files"] == [other.module_path], r
+        res = env.call_tool("edit", {"path": merge_task.module_path,
+                                     "edits": [{"oldText": "def merge(", "newText": "X = 1\n\n\ndef merge("}]})
+        assert not res.is_error, res.content
+        r = env.reward()
+    assert r.reward == 0.0 and "changed outside the body of merge" in r.error and r.flags, r
+
+
+def test_a_p2p_regression_scores_zero(merge_task):
+    with episode(merge_task) as env:
+        # correct once, then it breaks the module's other functions (they share _get_factory)
+        replace_body(env, "    global _get_factory\n" + merge_task.original_body.replace(
+            "    return rv", "    _get_factory = lambda f, kw: list\n    return rv"))
+        r = env.reward()
+    assert r.reward == 0.0 and r.parts["p2p_failed"] >= 1 and "previously passing" in r.error, r
 
 
 def test_test_and_conftest_edits_are_ignored(merge_task):
@@ -134,7 +149,7 @@ def test_pytest_tampering_does_not_earn_reward(merge_task, attack):
         plain = env.call_tool("bash", {"command": "python -m pytest -q -p no:cacheprovider toolz/tests/test_dicttoolz.py 2>&1 | tail -1"})
         r = env.reward()
     assert "failed" not in plain.content and "passed" in plain.content, plain.content
-    assert r.reward == 0.0 and "tampering" in (r.error or ""), r
+    assert r.reward == 0.0 and r.flags and "changed outside the body of merge" in r.error, r
 
 
 def test_exiting_the_test_process_early_earns_nothing(merge_task):

@@ -9,40 +9,158 @@ classes, hooks or exit status (a wrong implementation that patched the report cl
   * snapshots pytest's runner/report/outcome machinery and every collected test function's
     code before tests run and re-checks it after each test: any change marks the run as
     tampered (the host then gives 0);
-  * signs every line with a nonce it removes from the environment at import, before the
-    package under test is imported, and reports only positively observed passes: a test
-    that is never reported (plugin unregistered, os._exit, a hang) counts as failed.
-Code written specifically to find this plugin in memory could still forge lines; this is a
-guard against generic pytest tampering, not a proof.
+  * checks that no plugin or hook implementation was registered after collection;
+  * installs a PEP 578 audit hook at import, before the package under test is imported (it
+    cannot be removed), that refuses, when the target function is what asks, what honest
+    library code never does while tests run: garbage-collector walks, frame access, code
+    objects, marshal/ctypes, compile/exec, tracing, reading test sources or bytecode. Each
+    refusal raises in the code under test and is reported to the host (reward 0);
+  * signs every line with a nonce it removes from the environment at import; the nonce, the
+    fd and the verifier live only in the audit hook's closure (no module global reaches
+    them), and the hook signs only what the registered verifier itself sends;
+  * reports only positively observed passes: a test that is never reported (plugin
+    unregistered, os._exit, a hang) counts as failed.
 """
 from __future__ import annotations
 
 import json
+import linecache
 import os
 import sys
+import sysconfig
+import threading
 
 import pytest
 
-_FD = int(os.environ.pop("RLVR_RESULT_FD", "-1"))
-_NONCE = os.environ.pop("RLVR_RESULT_NONCE", "")
 _WATCHED_MODULES = ("_pytest.runner", "_pytest.reports", "_pytest.python", "_pytest.outcomes",
                     "_pytest.main", "_pytest.skipping", "_pytest.terminal", "_pytest.fixtures",
                     "_pytest.nodes", "_pytest.unittest", "_pytest.config", "pluggy._hooks",
                     "pluggy._callers", "pluggy._manager", "pytest")
 
 
-def _send(record: dict) -> None:
-    if _FD < 0:
-        return
-    record["nonce"] = _NONCE
-    data = (json.dumps(record) + "\n").encode()
-    view = memoryview(data)
-    while view:
-        n = os.write(_FD, view)
-        view = view[n:]
+_SEND, _CONFIGURE = "rlvr.send", "rlvr.configure"
+_STDLIB = tuple({sysconfig.get_paths()["stdlib"] + "/", "<frozen "})
+_FRAME_ATTRS = {"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_code", "gi_code", "cr_code", "ag_code",
+                "__code__"}
+_ALWAYS = {"gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._getframe", "sys._current_frames",
+           "sys._getframemodulename", "sys.settrace", "sys.setprofile", "marshal.load", "marshal.loads",
+           "code.__new__", "compile", "exec"}
+# stdlib functions that use frames or exec for their own bookkeeping and never hand them out
+_HONEST = {("logging/__init__.py", "findCaller"), ("collections/__init__.py", "namedtuple"),
+           ("typing.py", "_caller"), ("warnings.py", "warn"), ("warnings.py", "_next_external_frame")}
+_HONEST_MODULES = ("/dataclasses.py", "/enum.py", "/typing.py")
+_IMPORTING = ("<frozen importlib",)
 
 
-def _snapshot() -> dict:
+def _install() -> None:
+    """Set up the audit hook and the verifier; both are reachable only from the hook's closure."""
+    fd = int(os.environ.pop("RLVR_RESULT_FD", "-1"))
+    nonce = os.environ.pop("RLVR_RESULT_NONCE", "")
+    target, _, rng = os.environ.pop("RLVR_TARGET", "").partition(":")
+    lo, _, hi = rng.partition(":")
+    lo, hi = (int(lo), int(hi)) if lo else (0, -1)
+    test_dirs = ("/tests/", "/test/", "/testing/")
+    plugin_dir = os.path.dirname(os.path.abspath(__file__))
+    refused: list[str] = []
+    state = threading.local()
+    verifier = _Verifier()
+    send_code = _Verifier._send.__code__
+
+    def write(record: dict) -> None:
+        if fd < 0:
+            return
+        record["nonce"] = nonce
+        view = memoryview((json.dumps(record) + "\n").encode())
+        while view:
+            view = view[os.write(fd, view):]
+
+    def asked_by_target(frame, honest: bool, importing: bool) -> bool:
+        """Is the nearest frame outside the standard library the target function's?"""
+        while frame is not None:
+            code = frame.f_code
+            name = code.co_filename
+            if name == target and lo <= code.co_firstlineno <= hi:
+                return True
+            if not name.startswith(_STDLIB):
+                return False
+            if importing and name.startswith(_IMPORTING):
+                return False
+            if honest and (name.endswith(_HONEST_MODULES) or any(
+                    name.endswith("/" + f) and code.co_name == fn for f, fn in _HONEST) or (
+                    name.endswith("/inspect.py") and ("signature" in code.co_name or code.co_name in
+                                                      ("from_callable", "unwrap", "_has_code_flag")))):
+                return False
+            frame = frame.f_back
+        return False
+
+    def hook(event: str, args: tuple) -> None:
+        if getattr(state, "busy", False):
+            return
+        if event == _SEND:
+            state.busy = True
+            try:
+                caller = sys._getframe(1)
+                if caller.f_code is send_code and caller.f_locals.get("self") is verifier:
+                    record = dict(args[0])
+                    if record.get("finished"):
+                        record["refused"] = list(refused)
+                    write(record)
+            finally:
+                state.busy = False
+            return
+        if event == _CONFIGURE:
+            if not getattr(hook, "configured", False):
+                hook.configured = True
+                verifier.pm = args[0].pluginmanager
+                verifier.machinery = _snapshot()   # pytest's own set-up is done by now
+                args[0].pluginmanager.register(verifier, "rlvr_verifier")
+            return
+        if event == "object.__getattr__":
+            if args[1] not in _FRAME_ATTRS:
+                return
+        elif event == "object.__setattr__":
+            if args[1] != "__code__":
+                return
+        elif event == "open":
+            if isinstance(args[0], int) or (isinstance(args[0], str) and args[0].startswith("/")
+                                             and not args[0].startswith(("/repo/", "/proc/", "/dev/"))):
+                return
+            path = os.path.realpath(os.fsdecode(args[0]))   # relative, /proc/self/cwd, symlinks
+            if not path.startswith("/repo/"):
+                return
+            base = os.path.basename(path)
+            if not (any(d in path for d in test_dirs) or base.startswith("test_") or base.endswith(
+                    ("_test.py", ".pyc")) or base == "conftest.py" or path.startswith(plugin_dir)):
+                return
+        elif event in ("os.listdir", "os.scandir"):   # e.g. /proc/self/fd, to find the result pipe
+            if not str(args[0]).startswith(("/proc", "/dev/fd")):
+                return
+        elif event == "import":
+            if args[0].split(".")[0] not in ("ctypes", "_ctypes", "gc", "rlvr_verify"):
+                return
+        elif not (event in _ALWAYS or event.startswith("ctypes.")):
+            return
+        state.busy = True
+        try:
+            caller = sys._getframe(1)
+            honest = event in ("sys._getframe", "compile", "exec", "object.__getattr__")
+            importing = event in ("compile", "exec", "marshal.loads", "marshal.load")
+            if not asked_by_target(caller, honest, importing):
+                return
+            what = f"{event} {args[1]}" if event.startswith("object.") else event
+            if event in ("open", "import", "os.listdir", "os.scandir"):
+                what += f" {str(args[0])[:200]}"
+            refused.append(f"{what} from {os.path.basename(target)}")
+        finally:
+            state.busy = False
+        raise RuntimeError(f"refused by the test harness: {what}")
+
+    sys.addaudithook(hook)
+
+
+def _snapshot(codes: bool = True) -> dict:
+    """ids of pytest's machinery; with codes, also of their code objects (reading __code__ is
+    an audited event, so the per-test checks leave it out: the hook sees code being set)."""
     snap = {}
     for modname in _WATCHED_MODULES:
         mod = sys.modules.get(modname)
@@ -53,10 +171,12 @@ def _snapshot() -> dict:
             if isinstance(value, type) and value.__module__ == modname:
                 for attr, member in list(vars(value).items()):
                     snap[(modname, name, attr)] = id(member)
+                    if not codes:
+                        continue
                     code = getattr(member, "__code__", None) or getattr(getattr(member, "fget", None), "__code__", None)
                     if code is not None:
                         snap[(modname, name, attr, "code")] = id(code)
-            code = getattr(value, "__code__", None)
+            code = getattr(value, "__code__", None) if codes else None
             if code is not None:
                 snap[(modname, name, "code")] = id(code)
     return snap
@@ -84,22 +204,48 @@ class _Verifier:
         import _pytest.runner  # noqa: F401  (make sure the machinery is loaded before the snapshot)
         import _pytest.unittest  # noqa: F401
         self.machinery = _snapshot()
+        self.pm = None
+        self.hookimpls: set | None = None
         self.items: dict[str, tuple] = {}
         self.phases: dict[str, dict[str, str]] = {}
         self.tampered: list[str] = []
 
+    def _send(self, record: dict) -> None:
+        sys.audit(_SEND, record)   # the audit hook signs and writes it
+
+    def _hooks(self) -> set:
+        """Every registered plugin and hook implementation."""
+        impls = {("plugin", name, id(plugin)) for name, plugin in self.pm.list_name_plugin()}
+        for name, caller in vars(self.pm.hook).items():
+            for impl in getattr(caller, "get_hookimpls", list)():
+                impls.add((name, impl.plugin_name, id(impl.function)))
+        return impls
+
     def _check(self, where: str) -> None:
-        now = _snapshot()
-        changed = [k for k, v in self.machinery.items() if now.get(k) != v]
+        full = where in ("collection", "sessionfinish")
+        now = _snapshot(codes=full)
+        changed = [k for k, v in self.machinery.items() if (full or k[-1] != "code") and now.get(k) != v]
         if changed:
             self.tampered.append(f"{where}: pytest internals changed: {sorted(map(str, changed))[:5]}")
-            self.machinery = now  # report each change once
+            self.machinery = now if full else {**self.machinery, **now}  # report each change once
+        if self.hookimpls is not None and where == "sessionfinish":   # a full check costs ~1 ms
+            hooks = self._hooks()
+            if hooks != self.hookimpls:
+                diff = sorted(str(h[:2]) for h in hooks ^ self.hookimpls)
+                self.tampered.append(f"{where}: plugins or hook implementations changed: {diff[:5]}")
+                self.hookimpls = hooks
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items) -> None:
         for item in items:
             self.items[item.nodeid] = _identity(item)
         self._check("collection")
+        self.hookimpls = self._hooks()
+
+    @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+    def pytest_runtest_call(self, item):
+        linecache.clearcache()   # no test source is handed out from a cache filled by earlier reports
+        yield
 
     @pytest.hookimpl(hookwrapper=True, tryfirst=True)
     def pytest_runtest_makereport(self, item, call):
@@ -133,18 +279,21 @@ class _Verifier:
             outcome = "failed"
         if outcome == "passed" and item.get_closest_marker("xfail") is not None:
             outcome = "xpassed"  # not a plain pass: excluded from PASS_TO_PASS when mining
-        _send({"nodeid": item.nodeid, "outcome": outcome})
+        self._send({"nodeid": item.nodeid, "outcome": outcome})
 
     def pytest_collectreport(self, report) -> None:
         if report.failed:
-            _send({"collect_error": report.nodeid or "<session>",
+            self._send({"collect_error": report.nodeid or "<session>",
                    "message": str(report.longrepr)[-2000:]})
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session, exitstatus) -> None:
         self._check("sessionfinish")
-        _send({"finished": True, "tampered": self.tampered})
+        self._send({"finished": True, "tampered": self.tampered})
 
 
 def pytest_configure(config) -> None:
-    config.pluginmanager.register(_Verifier(), "rlvr_verifier")
+    sys.audit(_CONFIGURE, config)   # the hook registers its verifier (the first call only)
+
+
+_install()

@@ -1,0 +1,70 @@
+"""Mining what real libraries do: tests that run the library's CLI in a subprocess (coverage
+cannot see the child: the full-suite run on each stub moves them to FAIL_TO_PASS), and tests
+that need a test-only dependency (a baseline with no test names the missing module)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from envs.mining import mine_tree
+from envs.sdist import SdistInfo
+from tests.envs_fixtures import WORK_ROOT
+
+CLI_PKG = {
+    "shout/__init__.py": "",
+    "shout/core.py": "def shout(text):\n    upper = text.upper()\n    return upper + '!'\n",
+    "shout/__main__.py": "import sys\nfrom shout.core import shout\nprint(shout(sys.argv[1]))\n",
+    "tests/test_core.py": "from shout.core import shout\n\ndef test_shout():\n    assert shout('hi') == 'HI!'\n\n"
+                          "".join(f"def test_unrelated_{i}():\n    assert {i} + 1 == {i + 1}\n\n" for i in range(3)),
+    "tests/test_cli.py": "import subprocess, sys\n\ndef test_cli():\n"
+                         "    out = subprocess.run([sys.executable, '-m', 'shout', 'hey'], capture_output=True, text=True)\n"
+                         "    assert out.stdout.strip() == 'HEY!'\n",
+}
+
+
+def _tree(tmp: Path, files: dict[str, str]) -> Path:
+    top = Path(WORK_ROOT) / f"minetree-{tmp.name}" / "lib-1.0"
+    for rel, text in files.items():
+        (top / rel).parent.mkdir(parents=True, exist_ok=True)
+        (top / rel).write_text(text)
+    for root, dirs, names in os.walk(top.parent):
+        for n in dirs:
+            os.chmod(os.path.join(root, n), 0o755)
+    os.chmod(top.parent, 0o755)
+    return top
+
+
+def test_subprocess_cli_tests_move_to_fail_to_pass(tmp_path):
+    tree = _tree(tmp_path, CLI_PKG)
+    info = SdistInfo("shout", "1.0", "shout-1.0.tar.gz", "0" * 64, "file:///none")
+    tasks, report = mine_tree(info, tree, work_root=WORK_ROOT, uid_base=63030, workers=1, timeout_s=120)
+    assert [t.qualname for t in tasks] == ["shout"], report
+    t = tasks[0]
+    assert t.fail_to_pass == ["tests/test_cli.py::test_cli", "tests/test_core.py::test_shout"], t
+    assert t.pass_to_pass == [f"tests/test_core.py::test_unrelated_{i}" for i in range(3)]
+    assert t.meta["f2p_outside_coverage"] == ["tests/test_cli.py::test_cli"]
+
+
+def test_missing_test_dependency_is_named(tmp_path):
+    files = dict(CLI_PKG)
+    files["tests/test_core.py"] = "import freezegun_not_installed\n" + files["tests/test_core.py"]
+    files["tests/test_cli.py"] = "import freezegun_not_installed\n" + files["tests/test_cli.py"]
+    tree = _tree(tmp_path, files)
+    info = SdistInfo("shout", "1.0", "shout-1.0.tar.gz", "0" * 64, "file:///none")
+    with pytest.raises(RuntimeError, match="collected no test") as err:
+        mine_tree(info, tree, work_root=WORK_ROOT, uid_base=63030, workers=1, timeout_s=120)
+    assert "lacks: freezegun_not_installed" in str(err.value) and "tests/test_core.py" in str(err.value)
+
+
+def test_files_that_do_not_collect_are_named_and_the_rest_is_mined(tmp_path):
+    files = dict(CLI_PKG)
+    files["tests/test_time.py"] = "import freezegun_not_installed\n\ndef test_t():\n    pass\n"
+    tree = _tree(tmp_path, files)
+    info = SdistInfo("shout", "1.0", "shout-1.0.tar.gz", "0" * 64, "file:///none")
+    logs = []
+    tasks, _ = mine_tree(info, tree, work_root=WORK_ROOT, uid_base=63030, workers=1, timeout_s=120,
+                         log=logs.append)
+    assert [t.qualname for t in tasks] == ["shout"]
+    assert any("tests/test_time.py" in line and "freezegun_not_installed" in line for line in logs), logs
