@@ -155,6 +155,7 @@ class Trainer:
             stats["tools/failure_frequency"] = sum(r.tool_failures for r in agentic) / max(calls, 1)
             stats["frac_edited"] = statistics.fmean(float(bool(r.edited)) for r in agentic)
             stats["turns_mean"] = statistics.fmean(r.turns for r in agentic)
+            stats["reward/flagged_episodes"] = sum(bool(r.reward_flags) for r in agentic)
         return samples, stats
 
 

@@ -84,6 +84,7 @@ class EpisodeRecord:
     stop_reason: str | None = None
     error: str | None = None             # the scaffold's
     reward_error: str | None = None      # the verifier's
+    reward_flags: list[str] | None = None  # tampering / screen findings (non-empty: reward 0)
     calls: int | None = None
     merged_calls: int | None = None
     split_calls: int | None = None

@@ -102,7 +102,8 @@ def run_episode(env_actor, worker, task: Task, episode_id: str, base_url: str, s
         reward_parts=reward.parts, edited=reward.edited, tests_passed=reward.tests_passed,
         tests_total=reward.tests_total, turns=outcome.turns, tool_calls=outcome.tool_calls,
         tool_failures=outcome.tool_failures, stop_reason=outcome.stop_reason, error=outcome.error,
-        reward_error=reward.error, calls=len(calls), merged_calls=asm.merged_calls, split_calls=asm.split_calls,
+        reward_error=reward.error, reward_flags=list(reward.flags), calls=len(calls),
+        merged_calls=asm.merged_calls, split_calls=asm.split_calls,
         seconds=outcome.seconds, reward_seconds=reward.seconds,
         events=str(events_path) if events_path is not None and events_path.exists() else None)
     return EpisodeRun(record, asm.samples)
