@@ -35,8 +35,9 @@ from vllm.entrypoints.serve.engine.protocol import UsageInfo
 from vllm.exceptions import VLLMClientError
 from vllm.sampling_params import RequestOutputKind
 
+from actors.chat_format import continuation_ids, render_prompt
 from actors.engine import Policy, sampled_logprobs, scored_logprobs
-from actors.tool_parsers import ToolCallFormat, template_messages, template_tools
+from actors.tool_parsers import ToolCallFormat
 from rl.config import ModelConfig, RolloutConfig
 from rl.types import CallRecord
 
@@ -183,11 +184,7 @@ class PolicyServer:
         except (ValueError, VLLMClientError) as e:  # vLLM's checks, e.g. a named tool not in `tools`
             raise BadRequest(str(e)) from None
         try:
-            text = self.tokenizer.apply_chat_template(
-                template_messages(request), tools=template_tools(request), tokenize=False,
-                add_generation_prompt=request.add_generation_prompt,
-                continue_final_message=request.continue_final_message,
-                **(request.chat_template_kwargs or {}))
+            text = render_prompt(self.tokenizer, request)
         except Exception as e:  # template errors are the client's messages' fault
             raise BadRequest(f"chat template could not render the messages: {type(e).__name__}: {e}") from None
         prompt_ids = self.continuation_ids(episode_id, text)
@@ -201,20 +198,10 @@ class PolicyServer:
         return request, prompt_ids, params, n
 
     def continuation_ids(self, episode_id: str | None, text: str) -> list[int]:
-        """Token ids for a rendered prompt, reusing the episode's previous call verbatim.
-
-        When the rendered prompt's text starts with the text of the previous call's prompt +
-        completion (the client sent the history back unchanged), those exact token ids are
-        kept and only the new tail is tokenized. Re-tokenizing the whole text would often
-        split the same characters into different tokens, so consecutive calls could not
-        merge into one training sequence. Otherwise: a plain tokenization of the text.
-        """
+        """Token ids for a rendered prompt, reusing the episode's previous call verbatim
+        (actors.chat_format.continuation_ids: consecutive calls then merge into one sequence)."""
         prev = self.recorder.last_sequence(episode_id) if episode_id else None
-        if prev:
-            prev_text = self.tokenizer.decode(prev, skip_special_tokens=False)
-            if text.startswith(prev_text):
-                return prev + self.tokenizer.encode(text[len(prev_text):], add_special_tokens=False)
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return continuation_ids(self.tokenizer, prev, text)
 
     def _submit(self, request: ChatCompletionRequest, prompt_ids: list[int], params, n: int) -> list[_Choice]:
         loop = asyncio.get_running_loop()

@@ -23,6 +23,11 @@ def train(args) -> int:
         if (run_dir / "config.yaml").exists():
             raise SystemExit(f"{run_dir} already holds a run: resume it with `rlvr train --resume {run_dir}`, "
                              f"delete it, or choose another trainer.run_dir=...")
+    if cfg.warm_start.enabled and not args.resume:
+        from orchestrator.warm_start import run_warm_start  # reuses a finished warm-start folder
+
+        cfg.model.path = str(run_warm_start(cfg, run_dir))
+        print(f"[rlvr] GRPO starts from the warm-started model {cfg.model.path}", flush=True)
     from orchestrator.loop import Trainer  # heavy (ray, torch): only once the config is good
     Trainer(cfg, run_dir).run()
     return 0

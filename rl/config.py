@@ -154,6 +154,29 @@ class EvalConfig(Section):
     model_id: str = Field(SERVED_MODEL, description="model name the scaffold asks the policy server for")
 
 
+class WarmStartConfig(Section):
+    """Demonstrations (and harvested successes) -> SFT -> a merged model the GRPO run starts from."""
+    enabled: bool = Field(False, description="run demos + SFT before GRPO when `dir` holds no finished model")
+    dir: str = Field("", description="warm-start folder (demos.jsonl, sft/, model); '' = <run_dir>/warm_start")
+    demos: bool = Field(True, description="build execution-verified demonstrations for the training split")
+    demos_per_task: int = Field(2, ge=1, description="demonstrations attempted per training task")
+    recovery_fraction: float = Field(0.5, ge=0, le=1, description="share that make a wrong edit first, then fix it")
+    harvest_files: list[str] = Field([], description="harvest.jsonl files whose passing episodes join the rows")
+    max_assistant_turns: int = Field(8, ge=1, description="harvest: keep only successes this short")
+    lr: float = Field(2e-4, gt=0)
+    epochs: float = Field(2.0, gt=0)
+    batch_size: int = Field(1, ge=1)
+    grad_accum: int = Field(4, ge=1)
+    lora_rank: int = Field(16, ge=1)
+    lora_alpha: int = Field(32, ge=1)
+    lora_target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    max_length: int = Field(4096, ge=128, description="tokens per row; longer rows are cut")
+    gradient_checkpointing: bool = False
+    cpu_bf16: bool = Field(True, description="on CPUs with AMX/AVX512-BF16, bf16 autocast (fp32 weights)")
+    save_steps: int = Field(50, ge=1)
+    seed: int = 0
+
+
 class RunConfig(Section):
     model: ModelConfig = ModelConfig()
     rollout: RolloutConfig = RolloutConfig()
@@ -165,6 +188,7 @@ class RunConfig(Section):
     trainer: TrainerConfig = TrainerConfig()
     ray: RayConfig = RayConfig()
     eval: EvalConfig = EvalConfig()
+    warm_start: WarmStartConfig = WarmStartConfig()
 
     @model_validator(mode="after")
     def _known_bad_combinations(self) -> "RunConfig":

@@ -1,0 +1,34 @@
+"""`rlvr warm-start`: execution-verified demonstrations for a run's training split, then SFT
+into a merged model folder that a GRPO config points at (`model.path`). `rlvr train` runs the
+same stage first when `warm_start.enabled` is set."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from cli.train import DEFAULT_CONFIG
+from rl.config import load_config
+
+
+def main(args) -> int:
+    config, overrides = args.config, list(args.overrides)
+    if config and "=" in config and not Path(config).exists():
+        config, overrides = None, [config, *overrides]
+    cfg = load_config(config or DEFAULT_CONFIG, overrides)
+    run_dir = Path(args.run_dir or cfg.trainer.run_dir)
+    from orchestrator.warm_start import run_warm_start  # heavy: only once the config is good
+
+    out = run_warm_start(cfg, run_dir, demos_only=args.demos_only)
+    if args.demos_only:
+        print(f"demonstrations: {out}")
+    else:
+        print(f"warm-started model: {out}\nstart GRPO from it with: model.path={out}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("warm-start", help="demonstrations for the training split, then SFT into a merged model")
+    p.add_argument("config", nargs="?", help=f"run config YAML (default: {DEFAULT_CONFIG.name})")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. warm_start.epochs=1")
+    p.add_argument("--run-dir", help="run directory whose split is used (default: trainer.run_dir)")
+    p.add_argument("--demos-only", action="store_true", help="build the demonstrations and stop")
+    p.set_defaults(func=main)

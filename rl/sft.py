@@ -1,0 +1,111 @@
+"""Warm-start SFT: TRL's SFTTrainer on pre-tokenized rows, PEFT LoRA, then a merged model
+folder that a GRPO config points at with `model.path`.
+
+Rows arrive already rendered in the serving format (token ids + a mask that is 1 on the
+model's own tokens, each turn's end token included), so TRL never re-renders them: the
+dataset has `input_ids` and `assistant_masks`, from which TRL builds the labels (-100 where
+the mask is 0). Training resumes from the last checkpoint in `out/trainer/`; the loss per
+logging step goes to `out/sft_log.jsonl` and the console.
+
+    merged = run_sft(rows, model_path, WarmStartConfig(), out_dir)   # -> out_dir/model
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from rl.config import WarmStartConfig
+
+MODEL_DIR = "model"
+DONE_FILE = "sft_done.json"
+
+
+def cpu_has_bf16() -> bool:
+    """AMX or AVX512-BF16: bf16 autocast then trains ~5x faster than fp32 on CPU (measured on
+    SmolLM2-135M, 2k-token rows, 2 threads: ~6 s vs ~30 s per forward+backward)."""
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def _last_checkpoint(trainer_dir: Path) -> str | None:
+    ckpts = sorted(trainer_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    return str(ckpts[-1]) if ckpts else None
+
+
+def run_sft(rows: list[dict], model_path: str, cfg: WarmStartConfig, out_dir: str | Path,
+            dtype: str = "auto") -> Path:
+    """Train LoRA on `rows` ({"input_ids", "assistant_masks"}) and write the merged model.
+
+    Returns the merged folder; if it is already complete (`sft_done.json`), returns it as is.
+    """
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    out = Path(out_dir)
+    merged = out / MODEL_DIR
+    if (out / DONE_FILE).exists() and (merged / "config.json").exists():
+        return merged
+    if not rows:
+        raise ValueError("no SFT rows: the warm-start needs at least one verified demonstration or harvested episode")
+    out.mkdir(parents=True, exist_ok=True)
+    for i, r in enumerate(rows):
+        if len(r["input_ids"]) != len(r["assistant_masks"]) or not any(r["assistant_masks"]):
+            raise ValueError(f"SFT row {i}: input_ids and assistant_masks must have one length and a trained token")
+    too_long = sum(len(r["input_ids"]) > cfg.max_length for r in rows)
+    if too_long:
+        print(f"[sft] {too_long} of {len(rows)} rows exceed warm_start.max_length={cfg.max_length} and are cut",
+              flush=True)
+
+    cuda = torch.cuda.is_available()
+    torch_dtype = {"auto": torch.bfloat16 if cuda else torch.float32, "float32": torch.float32,
+                   "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype)
+    targets = cfg.lora_target_modules
+    peft_cfg = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, task_type="CAUSAL_LM",
+                          target_modules="all-linear" if targets == ["all-linear"] else list(targets))
+    log_path = out / "sft_log.jsonl"
+
+    class LossLog(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "loss" in logs:
+                rec = {"step": state.global_step, "epoch": round(state.epoch or 0, 3),
+                       "loss": logs["loss"], "lr": logs.get("learning_rate"), "time": time.time()}
+                with open(log_path, "a") as f:
+                    f.write(json.dumps(rec) + "\n")
+
+    args = SFTConfig(
+        output_dir=str(out / "trainer"), num_train_epochs=cfg.epochs, learning_rate=cfg.lr,
+        per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
+        lr_scheduler_type="cosine", warmup_steps=0.05, logging_steps=1, save_strategy="steps",
+        save_steps=cfg.save_steps, save_total_limit=2, report_to=[], seed=cfg.seed,
+        max_length=cfg.max_length, use_cpu=not cuda,
+        bf16=(torch_dtype == torch.bfloat16) if cuda else (cfg.cpu_bf16 and cpu_has_bf16()),
+        gradient_checkpointing=cfg.gradient_checkpointing, dataloader_num_workers=0,
+        disable_tqdm=False, remove_unused_columns=True)
+    dataset = Dataset.from_list([{"input_ids": r["input_ids"], "assistant_masks": r["assistant_masks"]}
+                                 for r in rows])
+    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                         peft_config=peft_cfg, callbacks=[LossLog()])
+    start = time.perf_counter()
+    trainer.train(resume_from_checkpoint=_last_checkpoint(out / "trainer"))
+    seconds = time.perf_counter() - start
+
+    model = trainer.model.merge_and_unload()
+    merged.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(merged, safe_serialization=True)
+    tokenizer.save_pretrained(merged)     # carries the serving chat template
+    trained = sum(sum(r["assistant_masks"]) for r in rows)
+    (out / DONE_FILE).write_text(json.dumps({"rows": len(rows), "trained_tokens": trained,
+                                             "tokens": sum(len(r["input_ids"]) for r in rows),
+                                             "epochs": cfg.epochs, "seconds": seconds,
+                                             "base_model": model_path}, indent=1))
+    print(f"[sft] {len(rows)} rows, {trained} trained tokens, {seconds:.0f} s -> {merged}", flush=True)
+    return merged

@@ -1,0 +1,184 @@
+"""Demonstrations: execution-verified agent trajectories in pi's exact tools, built from a
+task's reference body, for the warm-start SFT.
+
+Every tool call of a demonstration runs through the real tools in the real sandbox, so each
+observation is the real output, and a demonstration is kept only if the reward is 1.0. The
+variants are seeded: whether the agent looks around first (ls / grep), how wide its read
+window is, which test command it runs, and, for a share of them, a *recovery*: a plausible
+but wrong first edit, the failing test output, then the corrected edit (SFT on happy paths
+alone trains recovery away). The last turn is a short answer with no tool call, so the
+end-of-turn token is in the loss.
+
+    demo = build_demonstration(task, env_cfg, uid=61500, seed=3, recovery=True)
+    demo.messages   # system, user, assistant/tool turns, final answer (OpenAI chat format)
+"""
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from envs.coding_env import INSIDE_REPO, CodingEnv
+from envs.tasks import Task
+from envs.tools import PI_TOOLS
+from scaffolds.system_prompt import render_system_prompt
+
+OPENERS = ["", "Let me look at the code first.", "I'll find the function.", "Let me check the repository."]
+READ_LINES = ["", "Let me read the function.", "Reading the stubbed function."]
+EDIT_LINES = ["", "Now I'll implement the body.", "I'll replace the stub with an implementation."]
+TEST_LINES = ["", "Let me run the tests.", "Running the failing tests."]
+FIX_LINES = ["The tests fail; let me fix the implementation.", "That is not right yet. Fixing it.",
+             "Some tests still fail. Correcting the body."]
+ANSWERS = ["Implemented `{name}` in {path}; its tests pass.",
+           "Done: `{name}` in {path} is implemented and the tests pass.",
+           "I implemented `{name}` ({path}). The previously failing tests now pass."]
+
+
+@dataclass
+class Demonstration:
+    task_id: str
+    variant: str                 # "direct" | "recovery"
+    seed: int
+    messages: list[dict]
+    tools: list[dict]
+    reward: float
+    tool_calls: int
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+def def_line(task: Task, stubbed: str) -> int:
+    """1-based line of the function's `def` above the stubbed body (the read window's anchor)."""
+    name = task.qualname.rsplit(".", 1)[-1]
+    lines = stubbed.splitlines()
+    for i in range(task.body_start_line - 1, -1, -1):
+        if re.match(rf"\s*(async\s+)?def\s+{re.escape(name)}\b", lines[i]):
+            return i + 1
+    return max(1, task.body_start_line - 1)
+
+
+def wrong_bodies(task: Task, original_file: str) -> list[str]:
+    """Plausible wrong bodies that still compile: the reference with its last lines cut, or a
+    lazy `return None`. Whether the tests really fail is checked by running them."""
+    lines = task.original_body.splitlines(keepends=True)
+    indent = re.match(r"\s*", lines[0]).group(0) if lines else "    "
+    out = []
+    for cut in (1, 2, 3):
+        if len(lines) > cut:
+            out.append("".join(lines[:-cut]))
+    out.append(f"{indent}return None\n")
+    head = original_file.splitlines(keepends=True)
+    ok = []
+    for body in out:
+        text = ("".join(head[:task.body_start_line - 1]) + body + "".join(head[task.body_end_line:]))
+        try:
+            compile(text, task.module_path, "exec")
+        except SyntaxError:
+            continue
+        if body.strip():
+            ok.append(body)
+    return ok
+
+
+def unique_old_text(text: str, old: str, line: int) -> str:
+    """`old` (the occurrence at or after 1-based `line`) widened upwards, line by line, until it
+    occurs once in `text`: pi's edit needs a unique oldText, and a short wrong body such as
+    `return None` often is not."""
+    at = text.find(old, sum(len(x) for x in text.splitlines(keepends=True)[:line - 1]))
+    if at < 0 or text.count(old) == 1:
+        return old
+    start = at
+    while text.count(text[start:at + len(old)]) > 1 and start > 0:
+        start = text.rfind("\n", 0, start - 1) + 1
+    return text[start:at + len(old)]
+
+
+def _test_command(task: Task, rng: random.Random) -> str:
+    ids = task.fail_to_pass[:8]
+    if rng.random() < 0.5:
+        return "python -m pytest -q -p no:cacheprovider " + " ".join(ids)
+    files = sorted({i.split("::", 1)[0] for i in ids})
+    return "python -m pytest -q -x -p no:cacheprovider " + " ".join(files)
+
+
+class _Episode:
+    """Runs assistant tool calls on the env and records the conversation."""
+
+    def __init__(self, env: CodingEnv, task: Task) -> None:
+        self.env = env
+        self.messages = [{"role": "system", "content": render_system_prompt(INSIDE_REPO)},
+                         {"role": "user", "content": task.problem_statement}]
+        self.calls = 0
+
+    def call(self, text: str, name: str, args: dict) -> str:
+        call_id = f"call_{self.calls}"
+        self.calls += 1
+        self.messages.append({"role": "assistant", "content": text, "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]})
+        result = self.env.call_tool(name, args)
+        self.messages.append({"role": "tool", "tool_call_id": call_id, "content": result.content})
+        return result.content
+
+    def answer(self, text: str) -> None:
+        self.messages.append({"role": "assistant", "content": text})
+
+
+def build_demonstration(task: Task, env_cfg, uid: int, seed: int, recovery: bool,
+                        work_root: str | Path | None = None) -> Demonstration | None:
+    """One demonstration of `task`, or None when the variant cannot be built (e.g. no wrong
+    body that fails the tests, for a recovery). The reward decides `reward`; callers keep 1.0."""
+    rng = random.Random(f"{task.id}|{seed}|{recovery}")
+    name = task.qualname.rsplit(".", 1)[-1]
+    path = task.module_path
+    with CodingEnv(task, work_root or env_cfg.work_root, env_cfg, uid=uid) as env:
+        original = (env.pristine / path).read_text()
+        stubbed = (env.checkout / path).read_text()
+        ep = _Episode(env, task)
+        notes = []
+        if rng.random() < 0.5:
+            cmd = rng.choice([f"grep -n 'def {name}' {path}", f"ls {Path(path).parent or '.'}"])
+            ep.call(rng.choice(OPENERS), "bash", {"command": cmd})
+        start = def_line(task, stubbed)
+        stub_lines = task.stub_body.count("\n")
+        offset = max(1, start - rng.randint(0, 3))
+        limit = (task.body_start_line + stub_lines - offset) + rng.randint(2, 8)
+        ep.call(rng.choice(READ_LINES), "read", {"path": path, "offset": offset, "limit": limit})
+        old = task.stub_body.rstrip("\n")
+        test_cmd = _test_command(task, rng)
+        if recovery:
+            wrong = None
+            for body in wrong_bodies(task, original):
+                candidate = body.rstrip("\n")
+                ep_probe = ep.messages[:]                  # keep the conversation if this body passes
+                ep.call(rng.choice(EDIT_LINES), "edit",
+                        {"path": path, "edits": [{"oldText": old, "newText": candidate}]})
+                out = ep.call(rng.choice(TEST_LINES), "bash", {"command": test_cmd})
+                if re.search(r"\b\d+ (failed|error)", out):
+                    wrong = candidate
+                    break
+                ep.messages = ep_probe                      # that body passed: undo it and try another
+                undo = unique_old_text((env.checkout / path).read_text(), candidate, task.body_start_line)
+                env.call_tool("edit", {"path": path, "edits": [
+                    {"oldText": undo, "newText": undo[:len(undo) - len(candidate)] + old}]})
+            if wrong is None:
+                return None
+            current = (env.checkout / path).read_text()
+            fix_old = unique_old_text(current, wrong, task.body_start_line)
+            fix_new = fix_old[:len(fix_old) - len(wrong)] + task.original_body.rstrip("\n")
+            ep.call(rng.choice(FIX_LINES), "edit", {"path": path, "edits": [{"oldText": fix_old, "newText": fix_new}]})
+        else:
+            ep.call(rng.choice(EDIT_LINES), "edit",
+                    {"path": path, "edits": [{"oldText": old, "newText": task.original_body.rstrip("\n")}]})
+        out = ep.call(rng.choice(TEST_LINES), "bash", {"command": test_cmd})
+        if not re.search(r"\b\d+ passed", out) or re.search(r"\b\d+ (failed|error)", out):
+            notes.append(f"final test run did not pass: {out[-300:]}")
+        ep.answer(rng.choice(ANSWERS).format(name=name, path=path))
+        reward = env.reward()
+    calls = sum(1 for m in ep.messages if m["role"] == "tool")
+    return Demonstration(task_id=task.id, variant="recovery" if recovery else "direct", seed=seed,
+                         messages=ep.messages, tools=[dict(t) for t in PI_TOOLS], reward=reward.reward,
+                         tool_calls=calls, notes=notes + ([reward.error] if reward.error else []))

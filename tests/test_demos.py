@@ -1,0 +1,57 @@
+"""Demonstrations on the real sandbox: direct and recovery variants reach reward 1.0, every
+observation is the real tool output (a replay on a fresh checkout gives the same), and the
+conversation ends with an answer, so the stop is trained."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from envs.coding_env import CodingEnv
+from scaffolds.demos import build_demonstration, unique_old_text
+from tests.envs_fixtures import env_cfg, toolz_tasks
+
+UID = 63700
+VOLATILE = re.compile(r"in \d+\.\d+s|0x[0-9a-f]+")   # pytest's timing line, object addresses
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return toolz_tasks()[:2]
+
+
+def replay(task, demo) -> tuple[list[str], float]:
+    """Run the demonstration's tool calls again on a fresh checkout: (observations, reward)."""
+    with CodingEnv(task, env_cfg().work_root, env_cfg(), uid=UID + 1) as env:
+        seen = []
+        for m in demo.messages:
+            for call in m.get("tool_calls") or []:
+                fn = call["function"]
+                seen.append(env.call_tool(fn["name"], json.loads(fn["arguments"])).content)
+        return seen, env.reward().reward
+
+
+@pytest.mark.parametrize("recovery", [False, True])
+def test_demonstrations_are_verified_and_replay(tasks, recovery):
+    task = tasks[0]
+    demo = build_demonstration(task, env_cfg(), uid=UID, seed=0, recovery=recovery)
+    assert demo is not None and demo.reward == 1.0, demo and demo.notes
+    roles = [m["role"] for m in demo.messages]
+    assert roles[:2] == ["system", "user"] and roles[-1] == "assistant"
+    assert "tool_calls" not in demo.messages[-1] and demo.messages[-1]["content"]
+    observations = [m["content"] for m in demo.messages if m["role"] == "tool"]
+    edits = [c for m in demo.messages for c in m.get("tool_calls") or [] if c["function"]["name"] == "edit"]
+    assert len(edits) == (2 if recovery else 1)
+    if recovery:   # a wrong edit, its failing test output, then the fix
+        assert any(re.search(r"\d+ (failed|error)", o) for o in observations)
+    assert re.search(r"\d+ passed", observations[-1]) and "failed" not in observations[-1]
+    again, reward = replay(task, demo)
+    assert reward == 1.0
+    assert [VOLATILE.sub("", o) for o in again] == [VOLATILE.sub("", o) for o in observations]
+
+
+def test_unique_old_text_widens_to_the_target_occurrence():
+    text = "def a():\n    return None\n\n\ndef b(x):\n    return None\n"
+    assert unique_old_text(text, "    return None", 6) == "def b(x):\n    return None"
+    assert unique_old_text(text, "def b(x):", 5) == "def b(x):"
