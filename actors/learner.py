@@ -30,7 +30,7 @@ from rl.learner_memory import (
     segment_linear_attention,
     tile_mlps,
 )
-from rl.packing import pack, packed_micro_batches, packed_rows
+from rl.packing import micro_batches, pack, packed_micro_batches, packed_rows
 from rl.types import TrainSample
 
 ADAPTER_NAME = "default"
@@ -44,26 +44,6 @@ def pick_device() -> torch.device:
 
 def pick_dtype(model_cfg: ModelConfig, device: torch.device) -> torch.dtype:
     return getattr(torch, model_cfg.resolved_dtype(on_gpu=device.type == "cuda"))
-
-
-def _micro_batches(samples: list[TrainSample], budget: int) -> list[list[TrainSample]]:
-    """Greedy packing in order: padded size (count x longest) stays within the token budget.
-
-    A sample longer than the budget gets a micro-batch of its own.
-    """
-    batches: list[list[TrainSample]] = []
-    current: list[TrainSample] = []
-    longest = 0
-    for s in samples:
-        n = len(s.token_ids)
-        if current and max(longest, n) * (len(current) + 1) > budget:
-            batches.append(current)
-            current, longest = [], 0
-        current.append(s)
-        longest = max(longest, n)
-    if current:
-        batches.append(current)
-    return batches
 
 
 class Learner:
@@ -200,7 +180,7 @@ class Learner:
                 for batch in packed_micro_batches(trained, cfg.micro_batch_tokens):
                     stats += self._packed_micro_step(batch, total_tokens)
             else:
-                for batch in _micro_batches(trained, cfg.micro_batch_tokens):
+                for batch in micro_batches(trained, cfg.micro_batch_tokens):
                     stats += self._micro_step(batch, total_tokens)
         self._all_reduce(stats)
         grads = [p.grad for p in self.params]

@@ -39,24 +39,30 @@ def active_cu_seqlens() -> tuple[torch.Tensor, torch.Tensor] | None:
     return _ACTIVE[0]
 
 
-def packed_micro_batches(samples: list[TrainSample], budget: int) -> list[list[TrainSample]]:
-    """Greedy in order: each micro-batch's total length (no padding) stays within the token budget.
+def micro_batches(samples: list[TrainSample], budget: int, packed: bool = False) -> list[list[TrainSample]]:
+    """Greedy in order: a micro-batch's size stays within the token budget, counted padded
+    (count x longest, one row per sample) or packed (the sum of lengths, one row).
 
     A sample longer than the budget gets a micro-batch of its own.
     """
     batches: list[list[TrainSample]] = []
     current: list[TrainSample] = []
-    used = 0
+    used = longest = 0
     for s in samples:
         n = len(s.token_ids)
-        if current and used + n > budget:
+        size = used + n if packed else max(longest, n) * (len(current) + 1)
+        if current and size > budget:
             batches.append(current)
-            current, used = [], 0
+            current, used, longest = [], 0, 0
         current.append(s)
-        used += n
+        used, longest = used + n, max(longest, n)
     if current:
         batches.append(current)
     return batches
+
+
+def packed_micro_batches(samples: list[TrainSample], budget: int) -> list[list[TrainSample]]:
+    return micro_batches(samples, budget, packed=True)
 
 
 def pack(batch: list[TrainSample]) -> dict[str, torch.Tensor]:

@@ -47,7 +47,9 @@ def worker(cluster, model_path):
 
 
 def test_multi_turn_episode_logprobs_match_the_learner(worker, model_path):
-    cfg = load_config(REPO / "configs" / "default.yaml", [*SERVED, "scaffold.max_turns=3"])
+    # a generous wall clock: the property is log-prob parity, not speed (a loaded 2-core box
+    # can take minutes for the first call)
+    cfg = load_config(REPO / "configs" / "default.yaml", [*SERVED, "scaffold.max_turns=3", "scaffold.wall_clock_s=900"])
     [env] = spawn_env_actors(cfg)
     learner = spawn_learners(cfg, model_path)
     base = ray.get(worker.start_server.remote())

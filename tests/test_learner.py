@@ -5,8 +5,9 @@ import random
 import pytest
 import torch
 
-from actors.learner import Learner, _micro_batches
+from actors.learner import Learner
 from rl.config import LearnerConfig, ModelConfig
+from rl.packing import micro_batches
 from rl.types import TrainSample
 
 VOCAB = 128
@@ -80,7 +81,7 @@ def assert_same_gradients(a: Learner, b: Learner, summed_terms: float, slack: fl
 
 def test_micro_batches_respect_budget_and_keep_everything():
     samples = make_samples(9)
-    batches = _micro_batches(samples, 60)
+    batches = micro_batches(samples, 60)
     assert [s for b in batches for s in b] == samples
     for b in batches:
         assert len(b) == 1 or max(len(s.token_ids) for s in b) * len(b) <= 60
