@@ -26,7 +26,10 @@ def env():
         res = e.call_tool("bash", {"command": "mkfifo fifo && mkdir -p adir && ln -s /dev/zero zero "
                                               "&& ln -s /etc/passwd passwd && printf '\\377\\376x' > bad.txt"})
         assert not res.is_error, res.content
-        os.mknod(e.checkout / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))   # a device node
+        try:
+            os.mknod(e.checkout / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))   # a device node
+        except PermissionError:   # no CAP_MKNOD (a user namespace, a rootless container)
+            NO_DEVICE_NODE.append(True)
         (e.checkout / "huge.txt").write_bytes(b"x" * (17 * 1024 * 1024))          # past the file limit
         yield e
 
@@ -68,8 +71,13 @@ ISSUE_CASES = [
 ]
 
 
+NO_DEVICE_NODE: list[bool] = []
+
+
 @pytest.mark.parametrize("name,args,expect", ISSUE_CASES, ids=[f"{i}-{c[0]}" for i, c in enumerate(ISSUE_CASES)])
 def test_malformed_call_gets_a_clear_error(env, name, args, expect):
+    if NO_DEVICE_NODE and args == {"path": "null"}:
+        pytest.skip("this host cannot make a device node (no CAP_MKNOD)")
     res = check(env, name, args)
     assert res.is_error and expect in res.content, res.content[:500]
 
