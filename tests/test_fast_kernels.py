@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rl.fast_kernels import check_kernels, enable_fast_kernels, make_causal_conv, make_delta_rule
-from tests.test_packing import qwen35
+from tests.model_fixtures import qwen35
 
 
 def _reference_fns():

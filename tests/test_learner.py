@@ -9,8 +9,7 @@ from actors.learner import Learner
 from rl.config import LearnerConfig, ModelConfig
 from rl.packing import micro_batches
 from rl.types import TrainSample
-
-VOCAB = 128
+from tests.model_fixtures import VOCAB, qwen35
 
 
 @pytest.fixture(scope="module")
@@ -229,8 +228,6 @@ def test_saved_adapter_and_merged_model_reproduce_the_policy(tmp_path):
 
 def test_linear_attention_segments_and_mlp_tiles_match_plain_step_on_qwen35(monkeypatch):
     """Qwen3.5 hybrid shape (Gated-DeltaNet + attention), tiny: the memory savers change no numbers."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     import rl.learner_memory as lm
 
     calls = {"segment": 0, "tile": 0}
@@ -247,14 +244,6 @@ def test_linear_attention_segments_and_mlp_tiles_match_plain_step_on_qwen35(monk
     monkeypatch.setattr(lm, "checkpoint", counting_checkpoint)
     monkeypatch.setattr(lm._TiledMLP, "apply", counting_apply)
 
-    def qwen35():
-        torch.manual_seed(0)
-        cfg = AutoConfig.for_model(
-            "qwen3_5_text", vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_key_head_dim=16,
-            linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-            layer_types=["linear_attention"] * 3 + ["full_attention"])
-        return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
 
     rng = random.Random(0)
     ids = [rng.randrange(VOCAB) for _ in range(300)]

@@ -8,20 +8,7 @@ from actors.learner import Learner
 from rl.config import LearnerConfig, ModelConfig
 from rl.packing import pack, packed_micro_batches, packed_rows
 from rl.types import TrainSample
-
-VOCAB = 128
-
-
-def qwen35():
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    cfg = AutoConfig.for_model(
-        "qwen3_5_text", vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_key_head_dim=16,
-        linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-        layer_types=["linear_attention"] * 3 + ["full_attention"])
-    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+from tests.model_fixtures import VOCAB, qwen35
 
 
 def samples(lengths=(70, 131, 45), seed=0) -> list[TrainSample]:

@@ -6,6 +6,7 @@ import time
 import pytest
 
 from tests.envs_fixtures import episode, replace_body, task_by_qualname, toolz_tasks
+from tests.tamper_attacks import PATCH_REPORTS
 
 
 @pytest.fixture(scope="module")
@@ -105,21 +106,6 @@ def test_verification_wall_clock_is_a_failure_not_a_hang(merge_task):
     assert r.reward == 0.0 and r.parts["timed_out"] and "timed out" in r.error
 
 
-PATCH_REPORTS = """\
-import _pytest.reports as _r
-
-_orig = _r.TestReport.from_item_and_call.__func__
-
-
-def _always_passed(cls, item, call):
-    rep = _orig(cls, item, call)
-    rep.outcome = "passed"
-    rep.longrepr = None
-    return rep
-
-
-_r.TestReport.from_item_and_call = classmethod(_always_passed)
-"""
 
 SWALLOW_EXCEPTIONS = """\
 import _pytest.runner as _run
