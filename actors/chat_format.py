@@ -20,9 +20,8 @@ from typing import Any
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
 from actors.tool_parsers import template_messages, template_tools
+from rl.config import SERVED_MODEL
 from rl.types import CallRecord
-
-SERVED_MODEL = "policy"
 
 
 def chat_request(messages: list[dict], tools: list[dict] | None, **extra: Any) -> ChatCompletionRequest:

@@ -85,7 +85,7 @@ def warm_start(cfg: RunConfig, folder: Path, train_tasks: list[Task], demos_only
     rows = sft_rows(tokenizer, demos)
     kept = {d["task_id"] for d in demos if d.get("reward") == 1.0}
     print(f"[warm-start] {len(rows)} rows from {len(kept)} of {len(train_tasks)} training tasks", flush=True)
-    return run_sft(rows, base, cfg.warm_start, folder / "sft")
+    return run_sft(rows, base, cfg.warm_start, folder / "sft", cfg.model)
 
 
 def folder_for(cfg: RunConfig, run_dir: Path) -> Path:

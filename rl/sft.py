@@ -15,7 +15,8 @@ import json
 import time
 from pathlib import Path
 
-from rl.config import WarmStartConfig
+from rl.config import ModelConfig, WarmStartConfig
+from rl.jsonl import append_durable
 
 MODEL_DIR = "model"
 DONE_FILE = "sft_done.json"
@@ -36,8 +37,21 @@ def _last_checkpoint(trainer_dir: Path) -> str | None:
     return str(ckpts[-1]) if ckpts else None
 
 
+def _sft_args(cfg: WarmStartConfig, trainer_dir: Path, cuda: bool, bf16: bool):
+    from trl import SFTConfig
+
+    return SFTConfig(
+        output_dir=str(trainer_dir), num_train_epochs=cfg.epochs, learning_rate=cfg.lr,
+        per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
+        lr_scheduler_type="cosine", warmup_steps=0.05, logging_steps=1, save_strategy="steps",
+        save_steps=cfg.save_steps, save_total_limit=2, report_to=[], seed=cfg.seed,
+        max_length=cfg.max_length, use_cpu=not cuda, bf16=bf16,
+        gradient_checkpointing=cfg.gradient_checkpointing, dataloader_num_workers=0,
+        disable_tqdm=False, remove_unused_columns=True)
+
+
 def run_sft(rows: list[dict], model_path: str, cfg: WarmStartConfig, out_dir: str | Path,
-            dtype: str = "auto") -> Path:
+            model_cfg: ModelConfig | None = None) -> Path:
     """Train LoRA on `rows` ({"input_ids", "assistant_masks"}) and write the merged model.
 
     Returns the merged folder; if it is already complete (`sft_done.json`), returns it as is.
@@ -46,7 +60,7 @@ def run_sft(rows: list[dict], model_path: str, cfg: WarmStartConfig, out_dir: st
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTTrainer
 
     out = Path(out_dir)
     merged = out / MODEL_DIR
@@ -64,8 +78,7 @@ def run_sft(rows: list[dict], model_path: str, cfg: WarmStartConfig, out_dir: st
               flush=True)
 
     cuda = torch.cuda.is_available()
-    torch_dtype = {"auto": torch.bfloat16 if cuda else torch.float32, "float32": torch.float32,
-                   "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    torch_dtype = getattr(torch, (model_cfg or ModelConfig()).resolved_dtype(on_gpu=cuda))
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype)
     targets = cfg.lora_target_modules
@@ -76,20 +89,12 @@ def run_sft(rows: list[dict], model_path: str, cfg: WarmStartConfig, out_dir: st
     class LossLog(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "loss" in logs:
-                rec = {"step": state.global_step, "epoch": round(state.epoch or 0, 3),
-                       "loss": logs["loss"], "lr": logs.get("learning_rate"), "time": time.time()}
-                with open(log_path, "a") as f:
-                    f.write(json.dumps(rec) + "\n")
+                append_durable(log_path, [{"step": state.global_step, "epoch": round(state.epoch or 0, 3),
+                                           "loss": logs["loss"], "lr": logs.get("learning_rate"),
+                                           "time": time.time()}])
 
-    args = SFTConfig(
-        output_dir=str(out / "trainer"), num_train_epochs=cfg.epochs, learning_rate=cfg.lr,
-        per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
-        lr_scheduler_type="cosine", warmup_steps=0.05, logging_steps=1, save_strategy="steps",
-        save_steps=cfg.save_steps, save_total_limit=2, report_to=[], seed=cfg.seed,
-        max_length=cfg.max_length, use_cpu=not cuda,
-        bf16=(torch_dtype == torch.bfloat16) if cuda else (cfg.cpu_bf16 and cpu_has_bf16()),
-        gradient_checkpointing=cfg.gradient_checkpointing, dataloader_num_workers=0,
-        disable_tqdm=False, remove_unused_columns=True)
+    bf16 = (torch_dtype == torch.bfloat16) if cuda else (cfg.cpu_bf16 and cpu_has_bf16())
+    args = _sft_args(cfg, out / "trainer", cuda, bf16)
     dataset = Dataset.from_list([{"input_ids": r["input_ids"], "assistant_masks": r["assistant_masks"]}
                                  for r in rows])
     trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
