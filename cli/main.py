@@ -16,7 +16,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for module in SUBCOMMANDS:
         module.register(sub)
-    args = parser.parse_args(argv)
+    # Overrides may follow options (`rlvr train cfg.yaml --run-dir x a.b=1`); argparse alone
+    # would reject them, since the positional list ended at the first option.
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+            args.overrides = [*(args.overrides or []), *extra]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.func(args) or 0)
     except ConfigError as e:

@@ -173,6 +173,8 @@ class WarmStartConfig(Section):
     max_length: int = Field(4096, ge=128, description="tokens per row; longer rows are cut")
     gradient_checkpointing: bool = False
     cpu_bf16: bool = Field(True, description="on CPUs with AMX/AVX512-BF16, bf16 autocast (fp32 weights)")
+    torch_threads: int = Field(0, ge=0, description="CPU threads for SFT; 0 = every core (OMP_NUM_THREADS=1 "
+                               "from the Makefile would otherwise make it ~3x slower)")
     save_steps: int = Field(50, ge=1)
     seed: int = 0
 

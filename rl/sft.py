@@ -12,6 +12,7 @@ logging step goes to `out/sft_log.jsonl` and the console.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -78,6 +79,8 @@ def run_sft(rows: list[dict], model_path: str, cfg: WarmStartConfig, out_dir: st
               flush=True)
 
     cuda = torch.cuda.is_available()
+    if not cuda:    # measured on 1.7k-token rows, bf16 autocast, 2-core box: 1 thread ~12 s, 2 threads ~5 s
+        torch.set_num_threads(cfg.torch_threads or os.cpu_count() or 1)
     torch_dtype = getattr(torch, (model_cfg or ModelConfig()).resolved_dtype(on_gpu=cuda))
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype)

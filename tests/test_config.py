@@ -72,3 +72,12 @@ def test_every_subcommand_reports_a_config_error_cleanly(argv, capsys):
     err = capsys.readouterr().err
     assert f"rlvr {argv[0]}: invalid config" in err and "trainer.stepz: unknown key" in err
     assert "Traceback" not in err
+
+
+def test_overrides_may_follow_options(capsys):
+    """`rlvr warm-start cfg --run-dir x key=value` reaches the config (argparse alone rejected it)."""
+    from cli.main import main
+    assert main(["warm-start", "configs/default.yaml", "--run-dir", "runs/none", "trainer.stepz=3"]) == 2
+    assert "trainer.stepz: unknown key" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["warm-start", "configs/default.yaml", "--no-such-flag"])
