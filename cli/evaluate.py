@@ -12,6 +12,8 @@ def register(sub) -> None:
     p = sub.add_parser("eval", help="evaluate a served policy on held-out tasks (k samples each, resumable)")
     p.add_argument("--config", help="run YAML (defaults apply without one)")
     p.add_argument("--run-dir", help="a training run: evaluate its held-out split (refuses trained-on tasks)")
+    p.add_argument("--split", choices=("test", "train"), default="test",
+                   help="which side of the split: held-out (default) or the training tasks (a diagnostic)")
     p.add_argument("--adapter", help="LoRA adapter folder to serve on top of model.path")
     p.add_argument("--out", help="output dir (default eval.out_dir); rerun with the same one to resume")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.k=3 eval.max_tasks=5")
@@ -22,12 +24,13 @@ def register(sub) -> None:
     r.set_defaults(func=report_command)
 
 
-def held_out_tasks(cfg: RunConfig, out_dir: Path, run_dir: str | None) -> list:
-    """The run's held-out tasks: from a training run's split, or the split training would write."""
+def held_out_tasks(cfg: RunConfig, out_dir: Path, run_dir: str | None, side: str = "test") -> list:
+    """One side of the run's split (held-out by default): from a training run's split, or the
+    split training would write."""
     if run_dir:
-        chosen = select_tasks(cfg.task, cfg.trainer.seed, run_dir, "test", trained_split=True)
+        chosen = select_tasks(cfg.task, cfg.trainer.seed, run_dir, side, trained_split=True)
     else:
-        chosen = select_tasks(cfg.task, cfg.trainer.seed, out_dir, "test")
+        chosen = select_tasks(cfg.task, cfg.trainer.seed, out_dir, side)
     return chosen[:cfg.eval.max_tasks] if cfg.eval.max_tasks else chosen
 
 
@@ -49,9 +52,9 @@ def eval_command(args) -> int:
     cfg = load_config(args.config, args.overrides)
     out = Path(args.out or cfg.eval.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tasks = held_out_tasks(cfg, out, args.run_dir)
+    tasks = held_out_tasks(cfg, out, args.run_dir, args.split)
     if not tasks:
-        raise ConfigError("no held-out tasks to evaluate (check task.max_tasks / task.train_fraction)")
+        raise ConfigError(f"no {args.split} tasks to evaluate (check task.max_tasks / task.train_fraction)")
     adapter = args.adapter or (latest_adapter(args.run_dir) if args.run_dir else None)
     merged = Path(args.run_dir or "", "merged_weights")
     if args.run_dir and adapter is None and (merged / "config.json").is_file():

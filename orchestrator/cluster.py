@@ -19,8 +19,10 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from actors.engine import engine_env_vars
 from actors.env_actor import EnvActor
 from actors.learner_group import LearnerGroup
+from actors.recording_proxy import RecordingProxy
 from actors.rollout_worker import RolloutWorker
 from orchestrator.evaluator import Evaluator
+from orchestrator.harvest import Harvester
 from rl.config import RunConfig
 from rl.default_model import resolve_model_path
 
@@ -122,9 +124,18 @@ def spawn_env_actors(cfg: RunConfig, placement: Placement | None = None) -> list
             .remote(cfg.env) for i in range(cfg.env.num_env_actors)]
 
 
-def spawn_evaluator(cfg: RunConfig, out_dir: str, num_cpus: float = 0.1):
-    """The Evaluator actor; it mostly waits on other actors, so it asks for little CPU."""
-    return ray.remote(Evaluator).options(num_cpus=num_cpus).remote(cfg, out_dir)
+def spawn_evaluator(cfg: RunConfig, out_dir: str, num_cpus: float = 0.1, harvest: bool = False):
+    """The Evaluator actor (or the Harvester, which also keeps rows of successes); it mostly
+    waits on other actors, so it asks for little CPU."""
+    return ray.remote(Harvester if harvest else Evaluator).options(num_cpus=num_cpus).remote(cfg, out_dir)
+
+
+def start_recording_proxy(cfg: RunConfig, upstream: str, upstream_model: str, api_key: str | None) -> tuple:
+    """A RecordingProxy in front of another OpenAI-compatible endpoint: (handle, base_url)."""
+    connect(cfg)
+    proxy = ray.remote(RecordingProxy).options(num_cpus=0.1, max_concurrency=8).remote(
+        upstream, upstream_model, api_key, resolve_model_path(cfg.model.path), cfg.rollout.server_host)
+    return proxy, ray.get(proxy.start.remote())
 
 
 def spawn_learners(cfg: RunConfig, model_path: str, placement: Placement | None = None,

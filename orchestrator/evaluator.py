@@ -74,7 +74,14 @@ class Evaluator:
                        for i, (task, sample) in enumerate(todo)]
             for f in futures:
                 f.result()  # an infrastructure failure surfaces; finished records are already on disk
+        return self.report(model_id)
+
+    def report(self, model_id: str) -> dict:
+        e = self.cfg.eval
         return write_report(self.out, title=f"{e.scaffold} eval of {model_id} (k={e.k})")
+
+    def keep(self, run, record: dict) -> None:
+        """What a subclass keeps of a finished episode besides its record (the harvest: rows)."""
 
     def _episode(self, task: Task, sample: int, base_url: str, settings: EpisodeSettings, env_actor,
                  worker) -> dict:
@@ -83,7 +90,8 @@ class Evaluator:
         run = run_episode(env_actor, worker, task, episode_id, base_url, settings, events_path=events)
         record = {**asdict(run.record), "sample": sample, "attempt": self.attempt, "scaffold": settings.scaffold,
                   "model": settings.model_id, "finished_at": time.time()}
-        append_record(self.records_path, record)
+        self.keep(run, record)
+        append_record(self.records_path, record)   # last: a record on disk means its episode is complete
         r = run.record
         print(f"[rlvr eval] {task.id} s{sample}: reward {r.reward:.2f} "
               f"({r.stop_reason}, {r.turns} turns, {r.seconds:.0f}s)", flush=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 from actors.chat_format import conversation_calls
 from envs.split import select_tasks
 from envs.tasks import Task
+from orchestrator.harvest import harvest_rows
 from rl.assembly import assemble
 from rl.config import RunConfig
 from rl.default_model import resolve_model_path
@@ -84,7 +85,16 @@ def warm_start(cfg: RunConfig, folder: Path, train_tasks: list[Task], demos_only
     tokenizer = AutoTokenizer.from_pretrained(base)
     rows = sft_rows(tokenizer, demos)
     kept = {d["task_id"] for d in demos if d.get("reward") == 1.0}
-    print(f"[warm-start] {len(rows)} rows from {len(kept)} of {len(train_tasks)} training tasks", flush=True)
+    print(f"[warm-start] {len(rows)} demonstration rows from {len(kept)} of {len(train_tasks)} training tasks",
+          flush=True)
+    train_ids = {t.id for t in train_tasks}
+    for hdir in cfg.warm_start.harvest_dirs:
+        harvested = harvest_rows(hdir, cfg.warm_start.max_assistant_turns)
+        foreign = sorted({r["task_id"] for r in harvested} - train_ids)
+        if foreign:   # a harvest of another split would train on held-out tasks
+            raise ValueError(f"harvest {hdir} holds tasks outside this run's training split: {foreign[:3]}")
+        rows += harvested
+        print(f"[warm-start] {len(harvested)} harvested rows from {hdir}", flush=True)
     return run_sft(rows, base, cfg.warm_start, folder / "sft", cfg.model)
 
 

@@ -161,7 +161,7 @@ class WarmStartConfig(Section):
     demos: bool = Field(True, description="build execution-verified demonstrations for the training split")
     demos_per_task: int = Field(2, ge=1, description="demonstrations attempted per training task")
     recovery_fraction: float = Field(0.5, ge=0, le=1, description="share that make a wrong edit first, then fix it")
-    harvest_files: list[str] = Field([], description="harvest.jsonl files whose passing episodes join the rows")
+    harvest_dirs: list[str] = Field([], description="`rlvr harvest` folders whose kept episodes join the rows")
     max_assistant_turns: int = Field(8, ge=1, description="harvest: keep only successes this short")
     lr: float = Field(2e-4, gt=0)
     epochs: float = Field(2.0, gt=0)

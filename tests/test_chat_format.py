@@ -74,3 +74,46 @@ def test_rendered_episode_equals_recorded_tokens(worker):
     body = json.loads(text.split("<tool_call>", 1)[1].split("</tool_call>", 1)[0])
     assert body == {"name": got["name"], "arguments": json.loads(got["arguments"])}
     assert rendered[-1].completion_token_ids[-1] == worker.tokenizer.eos_token_id   # the stop is trained
+
+
+def test_recording_proxy_renders_what_the_server_recorded(worker, model_path):
+    """Harvest against another endpoint: the proxy forwards (streamed and not) and renders the
+    conversation in the trained model's format; with this server upstream, that equals the
+    server's own record on every prompt and on the unconstrained call's tokens."""
+    from openai import OpenAI
+
+    from actors.recording_proxy import RecordingProxy
+
+    base = worker.start_server()
+    proxy = RecordingProxy(f"{base}/episodes/up/v1", "policy", None, model_path)
+    client = OpenAI(base_url=f"{proxy.start()}/episodes/p/v1", api_key="unused", max_retries=0, timeout=300)
+    try:
+        messages = [{"role": "system", "content": render_system_prompt("/repo")},
+                    {"role": "user", "content": "Read the file notes.txt and tell me what it says."}]
+        stream = client.chat.completions.create(model="x", messages=messages, tools=[READ_TOOL],
+                                                tool_choice="required", stream=True)
+        name, args, call_id = "", "", ""
+        for chunk in stream:
+            deltas = (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []
+            for tc in deltas:
+                call_id = tc.id or call_id
+                name += tc.function.name or ""
+                args += tc.function.arguments or ""
+        assert name == "read", (name, args)
+        messages.append({"role": "assistant", "content": "", "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}]})
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": "The meeting moved to Friday."})
+        second = client.chat.completions.create(model="x", messages=messages, tools=[READ_TOOL],
+                                                tool_choice="none").choices[0]
+        assert second.finish_reason == "stop"
+        rendered = proxy.take_episode_calls("p")
+        recorded = worker.take_episode_calls("up")
+    finally:
+        proxy.shutdown()
+    assert len(rendered) == len(recorded) == 2
+    diffs = []
+    for i, (r, w) in enumerate(zip(rendered, recorded)):
+        diffs += _differences(f"call {i} prompt", r.prompt_token_ids, w.prompt_token_ids)
+    diffs += _differences("call 1 model tokens", rendered[1].completion_token_ids, recorded[1].completion_token_ids)
+    assert not diffs, "\n".join(diffs)
+    assert proxy.take_episode_calls("p") == []      # taken once, like the server's record
