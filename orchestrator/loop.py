@@ -15,7 +15,7 @@ import ray
 from orchestrator.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from orchestrator.cluster import Placement, connect, spawn_learners, spawn_rollout_workers
 from orchestrator.episode_store import EpisodeStore
-from orchestrator.metrics import MetricsLog, timed
+from orchestrator.metrics import MetricsLog, step_time_budget, timed
 from orchestrator.parity import run_parity_probe
 from orchestrator.plots import plot_reward_curve
 from orchestrator.rollouts.agentic import AgenticRollouts
@@ -104,11 +104,14 @@ class Trainer:
             ray.get([w.wake.remote() for w in self.workers])
             if learn:
                 self.weight_sync.sync(self.learner, self.workers, step)
-        gap = self._probe(f"after {'sync' if learn else 'wake'} at step {step}")
-        gen_tokens = sum(e.record.tokens for gid, g in groups.items() if gid not in reused for e in g)
+        with timed("probe", timings):
+            gap = self._probe(f"after {'sync' if learn else 'wake'} at step {step}")
+        fresh = [e.record for gid, g in groups.items() if gid not in reused for e in g]
+        gen_tokens = sum(r.tokens for r in fresh)
         return {**stats, **{f"learner/{k}": v for k, v in learn.items()}, "loss": learn.get("loss"),
                 "gen_tokens": gen_tokens, "gen_tokens_per_s": gen_tokens / max(timings["time_rollout_s"], 1e-9),
-                **timings, "parity_gap": gap, "train_samples": len(samples)}
+                **timings, **step_time_budget(fresh, timings["time_rollout_s"], timings),
+                "parity_gap": gap, "train_samples": len(samples)}
 
     def _learn(self, step: int, samples: list[TrainSample]) -> dict:
         """One learner update on the samples that carry a learning signal; {} when none does."""
