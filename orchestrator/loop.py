@@ -41,17 +41,23 @@ class Trainer:
         from transformers import AutoTokenizer  # heavy; only the process that trains needs it
 
         cfg = self.cfg
-        connect(cfg)
-        self.model_path = resolve_model_path(cfg.model.path)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        self.placement = Placement(cfg)
+        phases: dict[str, float] = {}  # where start-up goes; the engine loads while the learner builds
+        with timed("ray", phases):
+            connect(cfg)
+            self.model_path = resolve_model_path(cfg.model.path)
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+            self.placement = Placement(cfg)
         print(f"[rlvr] run dir {self.run_dir}; model {self.model_path}; "
               f"{cfg.rollout.num_workers} rollout worker(s), {cfg.learner.num_learners} learner(s)", flush=True)
         self.workers = spawn_rollout_workers(cfg, self.model_path, self.placement)
-        self.learner = spawn_learners(cfg, self.model_path, self.placement)
-        self.rollouts: Rollouts = (LengthRollouts(cfg, self.tokenizer, self.workers) if cfg.task.kind == "length"
-                                   else AgenticRollouts(cfg, self.run_dir, self.workers, self.placement))
+        with timed("learner", phases):
+            self.learner = spawn_learners(cfg, self.model_path, self.placement)
+        with timed("engine_and_env", phases):
+            self.rollouts: Rollouts = (LengthRollouts(cfg, self.tokenizer, self.workers) if cfg.task.kind == "length"
+                                       else AgenticRollouts(cfg, self.run_dir, self.workers, self.placement))
+            ray.get([w.chat_template_info.remote() for w in self.workers])  # the engines are up
         self.parity_ids = self.tokenizer(cfg.sync.parity_text)["input_ids"]
+        print("[rlvr] start-up: " + ", ".join(f"{k[5:-2]} {v:.1f}s" for k, v in phases.items()), flush=True)
 
     def _restore(self) -> int:
         """Load the latest checkpoint if any; returns the first step to run."""
