@@ -42,6 +42,8 @@ def step_time_budget(records: list[EpisodeRecord], rollout_s: float, phases: dic
         for part in EPISODE_TIME_PARTS:
             out[f"time/{part}_s"] = rollout_s * sum(b.get(part, 0.0) for b in budgets) / total
         out["rollout/episodes_in_flight"] = sum(r.seconds or 0.0 for r in records) / max(rollout_s, 1e-9)
+    else:  # single-turn rollouts keep no per-episode budget: the rollout is one part
+        out["time/rollout_s"] = rollout_s
     prompt = sum(r.prompt_tokens or 0 for r in records)
     if prompt:
         out["rollout/prefix_cache_hit_rate"] = sum(r.cached_tokens or 0 for r in records) / prompt

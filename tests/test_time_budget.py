@@ -33,4 +33,4 @@ def test_step_budget_shares_the_rollout_wall_and_adds_driver_phases():
     assert m["rollout/prefix_cache_hit_rate"] == pytest.approx(0.4)
     assert m["rollout/episodes_in_flight"] == pytest.approx(1.5)
     assert top_time_parts(m) == "decode 33% prefill 25% learn 25%"
-    assert step_time_budget([EpisodeRecord(0.0, 0, False)], 1.0, {}) == {}  # single-turn: nothing to share
+    assert step_time_budget([EpisodeRecord(0.0, 0, False)], 1.0, {}) == {"time/rollout_s": 1.0}  # single-turn
