@@ -39,7 +39,7 @@ from actors.chat_format import continuation_ids, render_prompt
 from actors.engine import Policy, sampled_logprobs, scored_logprobs
 from actors.tool_parsers import ToolCallFormat
 from rl.config import ModelConfig, RolloutConfig
-from rl.types import CallRecord
+from rl.types import LEARNER_LOGPROB, CallRecord
 
 log = logging.getLogger("rlvr.policy_server")
 
@@ -94,6 +94,8 @@ class _Choice:
     text: list[str] = field(default_factory=list)
     finish_reason: str | None = None
     tools_streamed: bool = False
+    last: Any = None               # the latest engine output: request timestamps, cached tokens
+    rescore_s: float = 0.0
 
 
 class PolicyServer:
@@ -217,6 +219,7 @@ class PolicyServer:
         choice.token_ids.extend(o.token_ids)
         choice.logprobs.extend(sampled_logprobs(o))
         choice.text.append(o.text)
+        choice.last = out
         if o.finish_reason is not None:
             choice.finish_reason = o.finish_reason
         return o
@@ -231,7 +234,8 @@ class PolicyServer:
             parsed.append((content, tool_calls, finish))
             records.append(CallRecord(prompt_token_ids=list(prompt_ids), completion_token_ids=c.token_ids,
                                        logprobs=c.logprobs, finish_reason=finish, content=content or "",
-                                       tool_calls=tool_calls, seconds=seconds))
+                                       tool_calls=tool_calls, seconds=seconds, rescore_s=c.rescore_s,
+                                       **engine_timing(c.last)))
         return records, parsed
 
     async def _unconstrained_logprobs(self, prompt_ids: list[int], choice: _Choice) -> None:
@@ -256,11 +260,23 @@ class PolicyServer:
         choice.logprobs = rescored + choice.logprobs[len(rescored):]
 
     async def _finish(self, episode_id: str, request, prompt_ids, params, choices, t0: float):
-        """Record a completed call (after re-scoring guided output) and return the parsed choices."""
+        """Record a completed call and return the parsed choices.
+
+        Guided output's log-probs are the masked distribution's: they are either re-scored
+        here (`rollout.guided_logprobs: rescore`, a second uncached prefill of the whole
+        sequence per call) or marked LEARNER_LOGPROB, and the learner, which computes the
+        plain policy's log-probs of these tokens in its update anyway, uses its own.
+        """
         if params.structured_outputs is not None:
             for c in choices:
-                if c.token_ids:
+                if not c.token_ids:
+                    continue
+                if self.cfg.guided_logprobs == "rescore":
+                    start = time.perf_counter()
                     await self._unconstrained_logprobs(prompt_ids, c)
+                    c.rescore_s = time.perf_counter() - start
+                else:
+                    c.logprobs = [LEARNER_LOGPROB] * len(c.token_ids)
         records, parsed = self._records(request, prompt_ids, choices, time.time() - t0)
         self.recorder.add(episode_id, records)
         return parsed
@@ -368,6 +384,19 @@ class PolicyServer:
                 self.policy.abort(c.request_id)
         records, _ = self._records(request, prompt_ids, choices, time.time() - t0)
         self.recorder.add(episode_id, records)
+
+
+def engine_timing(out) -> dict:
+    """queue/prefill/decode seconds and prefix-cache hits of one request, from vLLM's
+    per-request stats (engine-core timestamps); zeros when the engine keeps none."""
+    stats = getattr(out, "metrics", None)
+    if stats is None or not stats.scheduled_ts:
+        return {}
+    first = stats.first_token_ts or stats.scheduled_ts
+    return {"queue_s": max(0.0, stats.scheduled_ts - stats.queued_ts),
+            "prefill_s": max(0.0, first - stats.scheduled_ts),
+            "decode_s": max(0.0, (stats.last_token_ts or first) - first),
+            "cached_tokens": int(out.num_cached_tokens or 0)}
 
 
 def _finish_reason(request: ChatCompletionRequest, engine_reason: str, called_tools: bool) -> str:

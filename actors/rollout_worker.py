@@ -34,7 +34,7 @@ class RolloutWorker:
         self.enable_lora = enable_lora
         args = EngineArgs(
             model=model_path,
-            dtype=model.resolved_dtype(on_gpu=not self.on_cpu),
+            dtype=model.resolved_dtype(on_gpu=not self.on_cpu) if rollout.dtype == "model" else rollout.dtype,
             max_model_len=rollout.max_model_len,
             enforce_eager=rollout.enforce_eager,
             gpu_memory_utilization=rollout.gpu_memory_utilization,

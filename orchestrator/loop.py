@@ -15,7 +15,7 @@ import ray
 from orchestrator.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from orchestrator.cluster import Placement, connect, spawn_learners, spawn_rollout_workers
 from orchestrator.episode_store import EpisodeStore
-from orchestrator.metrics import MetricsLog, timed
+from orchestrator.metrics import MetricsLog, step_time_budget, timed
 from orchestrator.parity import run_parity_probe
 from orchestrator.plots import plot_reward_curve
 from orchestrator.rollouts.agentic import AgenticRollouts
@@ -41,17 +41,23 @@ class Trainer:
         from transformers import AutoTokenizer  # heavy; only the process that trains needs it
 
         cfg = self.cfg
-        connect(cfg)
-        self.model_path = resolve_model_path(cfg.model.path)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        self.placement = Placement(cfg)
+        phases: dict[str, float] = {}  # where start-up goes; the engine loads while the learner builds
+        with timed("ray", phases):
+            connect(cfg)
+            self.model_path = resolve_model_path(cfg.model.path)
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+            self.placement = Placement(cfg)
         print(f"[rlvr] run dir {self.run_dir}; model {self.model_path}; "
               f"{cfg.rollout.num_workers} rollout worker(s), {cfg.learner.num_learners} learner(s)", flush=True)
         self.workers = spawn_rollout_workers(cfg, self.model_path, self.placement)
-        self.learner = spawn_learners(cfg, self.model_path, self.placement)
-        self.rollouts: Rollouts = (LengthRollouts(cfg, self.tokenizer, self.workers) if cfg.task.kind == "length"
-                                   else AgenticRollouts(cfg, self.run_dir, self.workers, self.placement))
+        with timed("learner", phases):
+            self.learner = spawn_learners(cfg, self.model_path, self.placement)
+        with timed("engine_and_env", phases):
+            self.rollouts: Rollouts = (LengthRollouts(cfg, self.tokenizer, self.workers) if cfg.task.kind == "length"
+                                       else AgenticRollouts(cfg, self.run_dir, self.workers, self.placement))
+            ray.get([w.chat_template_info.remote() for w in self.workers])  # the engines are up
         self.parity_ids = self.tokenizer(cfg.sync.parity_text)["input_ids"]
+        print("[rlvr] start-up: " + ", ".join(f"{k[5:-2]} {v:.1f}s" for k, v in phases.items()), flush=True)
 
     def _restore(self) -> int:
         """Load the latest checkpoint if any; returns the first step to run."""
@@ -104,11 +110,14 @@ class Trainer:
             ray.get([w.wake.remote() for w in self.workers])
             if learn:
                 self.weight_sync.sync(self.learner, self.workers, step)
-        gap = self._probe(f"after {'sync' if learn else 'wake'} at step {step}")
-        gen_tokens = sum(e.record.tokens for gid, g in groups.items() if gid not in reused for e in g)
+        with timed("probe", timings):
+            gap = self._probe(f"after {'sync' if learn else 'wake'} at step {step}")
+        fresh = [e.record for gid, g in groups.items() if gid not in reused for e in g]
+        gen_tokens = sum(r.tokens for r in fresh)
         return {**stats, **{f"learner/{k}": v for k, v in learn.items()}, "loss": learn.get("loss"),
                 "gen_tokens": gen_tokens, "gen_tokens_per_s": gen_tokens / max(timings["time_rollout_s"], 1e-9),
-                **timings, "parity_gap": gap, "train_samples": len(samples)}
+                **timings, **step_time_budget(fresh, timings["time_rollout_s"], timings),
+                "parity_gap": gap, "train_samples": len(samples)}
 
     def _learn(self, step: int, samples: list[TrainSample]) -> dict:
         """One learner update on the samples that carry a learning signal; {} when none does."""

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rl.jsonl import append_durable, read_complete, rewrite
+from rl.types import EPISODE_TIME_PARTS, EpisodeRecord
 
 DASHBOARD_KEYS = ("reward_mean", "reward_std", "frac_reward_zero_std", "gen_tokens_per_s",
                   "time_rollout_s", "time_learn_s", "time_sync_s", "parity_gap",
@@ -24,6 +25,42 @@ def timed(name: str, timings: dict[str, float]) -> Iterator[None]:
     finally:
         key = f"time_{name}_s"
         timings[key] = timings.get(key, 0.0) + time.time() - t0
+
+
+def step_time_budget(records: list[EpisodeRecord], rollout_s: float, phases: dict[str, float]) -> dict[str, float]:
+    """Where a step's wall time went, as `time/<part>_s` keys that add up to the step.
+
+    The rollout's wall time is shared among the episode parts (rl.types.EPISODE_TIME_PARTS)
+    in proportion to the episode-seconds each took (episodes overlap, so their raw sums
+    exceed the wall); the driver's own phases (learn, sync, probe) are added as measured.
+    Also: prefix-cache hit rate and the mean number of episodes in flight.
+    """
+    out: dict[str, float] = {}
+    budgets = [r.time_budget for r in records if r.time_budget]
+    total = sum(sum(b.values()) for b in budgets)
+    if budgets and total > 0:
+        for part in EPISODE_TIME_PARTS:
+            out[f"time/{part}_s"] = rollout_s * sum(b.get(part, 0.0) for b in budgets) / total
+        out["rollout/episodes_in_flight"] = sum(r.seconds or 0.0 for r in records) / max(rollout_s, 1e-9)
+    else:  # single-turn rollouts keep no per-episode budget: the rollout is one part
+        out["time/rollout_s"] = rollout_s
+    prompt = sum(r.prompt_tokens or 0 for r in records)
+    if prompt:
+        out["rollout/prefix_cache_hit_rate"] = sum(r.cached_tokens or 0 for r in records) / prompt
+    for name in ("learn", "sync", "probe"):
+        if f"time_{name}_s" in phases:
+            out[f"time/{name}_s"] = phases[f"time_{name}_s"]
+    return out
+
+
+def top_time_parts(metrics: dict, k: int = 3) -> str:
+    """The k largest `time/` parts of a step, e.g. "decode 41% prefill 22% learn 15%"."""
+    parts = {key[5:-2]: v for key, v in metrics.items() if key.startswith("time/") and isinstance(v, (int, float))}
+    total = sum(parts.values())
+    if total <= 0:
+        return ""
+    top = sorted(parts.items(), key=lambda kv: -kv[1])[:k]
+    return " ".join(f"{name} {100 * v / total:.0f}%" for name, v in top)
 
 
 class MetricsLog:
@@ -50,6 +87,8 @@ class MetricsLog:
             if isinstance(value, (int, float)) and math.isfinite(value):
                 gauge.set(float(value), tags=self._run_tag)
         shown = " ".join(f"{k}={metrics[k]:.3g}" for k in DASHBOARD_KEYS if isinstance(metrics.get(k), (int, float)))
+        if top := top_time_parts(metrics):
+            shown += f" | time: {top}"
         print(f"[step {step}/{self.total_steps} | {time.time() - self._t0:.0f}s] {shown}", flush=True)
 
 

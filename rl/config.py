@@ -42,6 +42,9 @@ class RolloutConfig(Section):
     enforce_eager: bool = True
     sleep_level: Literal[0, 1, 2] = 1  # 0 = never sleep; on CPU sleep is a logged no-op
     cpu_kvcache_gib: int = Field(1, ge=1)
+    dtype: Literal["model", "float32", "bfloat16", "float16"] = Field(
+        "model", description="serving dtype; 'model' follows model.dtype (the learner's); bfloat16 serves "
+                             "faster on CPUs with AVX512-BF16/AMX while the parity probe bounds the gap")
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int = Field(256, ge=1, description="per model call; clamped to the context left")
@@ -54,6 +57,9 @@ class RolloutConfig(Section):
         "client", description="'client' honours each request's tool_choice; else forced on every request with tools")
     tool_strict_level: Literal["auto", "function", "parameter"] = Field(
         "auto", description="vLLM structural-tag floor for tool calls (guided decoding)")
+    guided_logprobs: Literal["learner", "rescore"] = Field(
+        "learner", description="log-probs of tokens sampled under a grammar: 'learner' computes them in its "
+                               "update (one pass, on-policy); 'rescore' re-scores each guided call on the engine")
 
 
 class LearnerConfig(Section):

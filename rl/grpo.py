@@ -87,9 +87,13 @@ def grpo_token_loss(
     """Clipped-ratio surrogate against the rollout log-probs, optional k3 KL penalty.
 
     All inputs are [N] over the trained tokens; math runs in fp32 whatever the model dtype.
+    A NaN old log-prob (rl.types.LEARNER_LOGPROB: sampled under a grammar, not recorded)
+    takes this pass's own, detached: the update is one optimizer step on fresh rollouts, so
+    the policy that sampled is the one scoring here, and the ratio there is exactly 1.
     """
     logp = logp.float()
     old_logp = old_logp.float().to(logp.device)
+    old_logp = torch.where(torch.isnan(old_logp), logp.detach(), old_logp)
     adv = advantages.float().to(logp.device)
     ratio = torch.exp(logp - old_logp)
     clipped_ratio = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)

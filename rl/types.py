@@ -20,7 +20,9 @@ class TrainSample:
 
     token_ids is prompt + everything after it. loss_mask[i] == 1 marks a token the policy
     generated (trained on, predicted from position i-1); tool/template/prompt tokens are 0.
-    logprobs[i] is the rollout's sampled log-prob of token i where loss_mask[i] == 1, else 0.
+    logprobs[i] is the rollout's sampled log-prob of token i where loss_mask[i] == 1, else 0;
+    NaN (LEARNER_LOGPROB) where the engine sampled under a grammar and the learner's own
+    log-prob stands in (see rl.grpo.grpo_token_loss).
     """
     token_ids: list[int]
     loss_mask: list[int]
@@ -38,16 +40,26 @@ class TrainSample:
             raise ValueError("loss_mask[0] must be 0: the first token has no prefix to predict it from")
 
 
+LEARNER_LOGPROB = float("nan")
+"""A recorded log-prob the learner fills in: the token was sampled under a grammar, whose
+masked distribution the engine reports, while the loss needs the plain policy's."""
+
+
 @dataclass
 class CallRecord:
     """One chat-completions call as the policy server served it (per choice)."""
     prompt_token_ids: list[int]
     completion_token_ids: list[int]
-    logprobs: list[float]          # sampled-token log-probs, exactly as generated
+    logprobs: list[float]          # sampled-token log-probs as generated, or LEARNER_LOGPROB
     finish_reason: str
     content: str = ""
     tool_calls: list[dict] = field(default_factory=list)  # parsed OpenAI-style tool calls
-    seconds: float = 0.0
+    seconds: float = 0.0           # the call's wall time at the server
+    queue_s: float = 0.0           # engine: waiting for a batch slot
+    prefill_s: float = 0.0         # engine: scheduled -> first token
+    decode_s: float = 0.0          # engine: first -> last token
+    rescore_s: float = 0.0         # second pass for the unconstrained log-probs (guided_logprobs=rescore)
+    cached_tokens: int = 0         # prompt tokens served from the prefix cache
 
 
 @dataclass
@@ -60,6 +72,12 @@ class TokenSequence:
     token_ids: list[int]
     loss_mask: list[int]
     logprobs: list[float]
+
+
+EPISODE_TIME_PARTS = ("queue", "prefill", "decode", "rescore", "server", "tools", "env", "reward")
+"""Where an episode's wall time went: the engine's parts of each model call (queue, prefill,
+decode, rescore), the server's own share of a call (rendering, parsing, HTTP), the
+scaffold's time between calls (tool execution), opening the checkout, and the reward."""
 
 
 @dataclass
@@ -90,6 +108,9 @@ class EpisodeRecord:
     split_calls: int | None = None
     seconds: float | None = None
     reward_seconds: float | None = None
+    time_budget: dict | None = None      # seconds by part (rl.types.EPISODE_TIME_PARTS)
+    prompt_tokens: int | None = None     # prompt tokens over all calls
+    cached_tokens: int | None = None     # ...of which the prefix cache served
     events: str | None = None            # pi's event log, when one was kept
 
     @classmethod

@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import ray
 from envs.tasks import Task
 from rl.assembly import assemble
 from rl.config import SERVED_MODEL, RunConfig, ScaffoldConfig
-from rl.types import Completion, EpisodeRecord, TokenSequence
+from rl.types import EPISODE_TIME_PARTS, CallRecord, Completion, EpisodeRecord, TokenSequence
 from scaffolds.native import run_native_episode
 from scaffolds.pi_agent import run_pi_episode_on_actor
 
@@ -81,6 +82,7 @@ def run_episode(env_actor, worker, task: Task, episode_id: str, base_url: str, s
     are taken (so the server does not keep them); None when the server is not ours.
     """
     url = episode_url(base_url, episode_id)
+    start = time.monotonic()
     env_episode = ray.get(env_actor.open_episode.remote(task))
     try:
         if settings.scaffold == "pi":
@@ -93,8 +95,11 @@ def run_episode(env_actor, worker, task: Task, episode_id: str, base_url: str, s
             outcome = run_native_episode(url, settings.model_id, env_actor, env_episode, task.problem_statement,
                                          cwd, settings.scaffold_cfg)
     finally:
+        reward_start = time.monotonic()
         reward = ray.get(env_actor.finish.remote(env_episode))
+        reward_s = time.monotonic() - reward_start
     calls = ray.get(worker.take_episode_calls.remote(episode_id)) if worker is not None else []
+    budget = time_budget(calls, outcome.seconds, reward_s, time.monotonic() - start)
     asm = assemble(calls)
     record = EpisodeRecord(
         reward=reward.reward, tokens=sum(len(c.completion_token_ids) for c in calls),
@@ -104,6 +109,29 @@ def run_episode(env_actor, worker, task: Task, episode_id: str, base_url: str, s
         tool_failures=outcome.tool_failures, stop_reason=outcome.stop_reason, error=outcome.error,
         reward_error=reward.error, reward_flags=list(reward.flags), calls=len(calls),
         merged_calls=asm.merged_calls, split_calls=asm.split_calls,
-        seconds=outcome.seconds, reward_seconds=reward.seconds,
+        seconds=outcome.seconds, reward_seconds=reward.seconds, time_budget=budget,
+        prompt_tokens=sum(len(c.prompt_token_ids) for c in calls), cached_tokens=sum(c.cached_tokens for c in calls),
         events=str(events_path) if events_path is not None and events_path.exists() else None)
     return EpisodeRun(record, asm.samples)
+
+
+def time_budget(calls: list[CallRecord], scaffold_s: float, reward_s: float, total_s: float) -> dict[str, float]:
+    """An episode's wall time by part (rl.types.EPISODE_TIME_PARTS); the parts add up to total_s.
+
+    Model calls split into the engine's queue/prefill/decode/rescore and the server's own
+    rest; the scaffold's time outside model calls is tool execution; what the episode
+    spent outside the scaffold and the reward is the environment's (checkout, transfers).
+    """
+    parts = dict.fromkeys(EPISODE_TIME_PARTS, 0.0)
+    for c in calls:
+        engine = c.queue_s + c.prefill_s + c.decode_s + c.rescore_s
+        parts["queue"] += c.queue_s
+        parts["prefill"] += c.prefill_s
+        parts["decode"] += c.decode_s
+        parts["rescore"] += c.rescore_s
+        parts["server"] += max(0.0, c.seconds - engine)
+    calls_s = sum(c.seconds for c in calls)
+    parts["tools"] = max(0.0, scaffold_s - calls_s)
+    parts["reward"] = reward_s
+    parts["env"] = max(0.0, total_s - max(scaffold_s, calls_s) - reward_s)
+    return {k: round(v, 4) for k, v in parts.items()}

@@ -17,12 +17,14 @@ from orchestrator.metrics import read_metrics
 from orchestrator.rollouts.agentic import AgenticRollouts
 from rl.assembly import assemble
 from rl.config import load_config
-from rl.types import EpisodeRecord
+from rl.types import EPISODE_TIME_PARTS, EpisodeRecord
 from scaffolds.native import run_native_episode
 
 REPO = Path(__file__).resolve().parent.parent
 TASKS = REPO / "configs" / "tasks" / "toolz.jsonl"
-SERVED = ["rollout.max_tokens=96", "rollout.tool_choice=required"]  # the shared worker's settings
+# The shared worker's settings; guided calls re-scored on the engine, so the recorded
+# log-probs are the served policy's and the parity test below compares two real computations.
+SERVED = ["rollout.max_tokens=96", "rollout.tool_choice=required", "rollout.guided_logprobs=rescore"]
 EPISODE_FIELDS = {f.name for f in fields(EpisodeRecord)}
 ALWAYS_SET = EPISODE_FIELDS - {"error", "reward_error", "events"}
 
@@ -98,6 +100,9 @@ def test_training_and_evaluation_records_come_from_one_runner(worker, tmp_path):
         assert EPISODE_FIELDS <= record.keys()
         assert all(record[k] is not None for k in ALWAYS_SET), record
         assert record["calls"] == record["turns"] and record["tokens"] > 0
+        budget = record["time_budget"]  # where the episode's time went; the parts cover the scaffold's wall
+        assert set(budget) == set(EPISODE_TIME_PARTS) and budget["decode"] > 0 and budget["reward"] > 0
+        assert sum(budget.values()) >= record["seconds"] and record["prompt_tokens"] >= record["cached_tokens"]
     assert [EpisodeRecord.from_dict(r) for r in trace] == [e.record for e in episodes]
     ray.get([a.shutdown.remote() for a in rollouts.env_actors])
 

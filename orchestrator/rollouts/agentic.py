@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict
 from pathlib import Path
 
@@ -37,15 +37,26 @@ class AgenticRollouts:
                                 [t.id for t in self.train_tasks])
 
     def run_groups(self, specs: list[GroupSpec], step: int, on_group_done) -> None:
+        """Roll out every episode of every group at once, as many in flight as there are env
+        slots (env.num_env_actors x env.pool_size); each group is handed to on_group_done
+        (and the trace) as soon as its last episode ends, in finishing order. Callable again
+        mid-step for replacement groups."""
         g = self.cfg.trainer.group_size
         parallel = self.cfg.env.num_env_actors * self.cfg.env.pool_size
         with ThreadPoolExecutor(max_workers=parallel) as pool:
-            futures = {s.group_id: [pool.submit(self._episode, s.group_id, safe_id(f"{s.group_id}-e{k}"),
-                                                self.train_tasks[s.index]) for k in range(g)] for s in specs}
-            for gid, group in futures.items():
-                episodes = [f.result() for f in group]
-                append_durable(self.trace_path, [{"step": step, "group": gid, **asdict(e.record)} for e in episodes])
-                on_group_done(episodes)
+            group_of = {}
+            for s in specs:
+                for k in range(g):
+                    f = pool.submit(self._episode, s.group_id, safe_id(f"{s.group_id}-e{k}"), self.train_tasks[s.index])
+                    group_of[f] = (s.group_id, k)
+            finished: dict[str, dict[int, Episode]] = {s.group_id: {} for s in specs}
+            for f in as_completed(group_of):
+                gid, k = group_of[f]
+                finished[gid][k] = f.result()
+                if len(finished[gid]) == g:
+                    episodes = [finished[gid][i] for i in range(g)]
+                    append_durable(self.trace_path, [{"step": step, "group": gid, **asdict(e.record)} for e in episodes])
+                    on_group_done(episodes)
 
     def _episode(self, group_id: str, episode_id: str, task) -> Episode:
         with self._counter_lock:

@@ -1,0 +1,169 @@
+"""The main job's rollout phase, before vs after, side by side in one run: generated tokens
+per rollout wall-second and the time budget by part.
+
+One RolloutWorker, one env actor, the same groups (the step cursor's tasks) for both sides;
+the sides alternate within every round so background load hits both alike, and each run
+starts from a cold prefix cache. The sides differ only in `rollout.guided_logprobs`:
+
+    before: rescore  (each guided call's log-probs from a second, uncached prompt-log-prob pass)
+    after:  learner  (no second pass; the learner's own log-probs stand in for those tokens)
+
+Also measured: the worker's start-up, the served policy's parity gap to a learner on the
+run's probe text (pass `rollout.dtype=bfloat16` to measure bf16 serving), and how far the
+log-probs each side's episodes recorded are from the learner's on the same tokens.
+
+    python bench/agentic_step.py [--config configs/default.yaml] [--rounds 2] [--groups 1]
+                                 [--json out.json] [dotted.override=value ...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import ray  # noqa: E402
+
+SIDES = {"before": "rescore", "after": "learner"}  # rollout.guided_logprobs of each side
+
+
+def _set_mode(worker, mode: str) -> None:
+    """Switch how guided calls get their log-probs, and start from a cold prefix cache."""
+    def apply(w):
+        w.cfg.guided_logprobs = mode
+        w.loop.call(lambda engine: engine.reset_prefix_cache())
+    ray.get(worker.__ray_call__.remote(apply))
+
+
+def roll_out(rollouts, worker, side: str, round_no: int, groups: int, seed: int) -> tuple[dict, list]:
+    from orchestrator.metrics import step_time_budget
+    from orchestrator.rollouts.base import GroupSpec, step_group_specs
+    _set_mode(worker, SIDES[side])
+    # the same tasks for both sides; ids prefixed by the side, so the trace tells them apart
+    specs = [GroupSpec(f"{side}-{s.group_id}", s.index)
+             for s in step_group_specs(round_no, groups, seed, [t.id for t in rollouts.train_tasks])]
+    episodes: list = []
+    t0 = time.perf_counter()
+    rollouts.run_groups(specs, round_no, episodes.extend)
+    wall = time.perf_counter() - t0
+    records = [e.record for e in episodes]
+    tokens = sum(r.tokens for r in records)
+    row = {"side": side, "round": round_no, "rollout_s": wall, "gen_tokens": tokens,
+           "gen_tokens_per_s": tokens / wall, "episodes": len(records),
+           "calls": sum(r.calls or 0 for r in records), "reward_mean": sum(r.reward for r in records) / len(records),
+           "errors": sum(r.stop_reason == "error" for r in records), **step_time_budget(records, wall, {})}
+    return row, episodes
+
+
+def recorded_vs_learner(learner, episodes, limit: int = 4) -> dict:
+    """Mean |recorded - learner| over generated tokens of a few sequences; NaN (left to the
+    learner) counts as equal, and their share is reported."""
+    diffs, left = [], 0
+    for seq in [s for e in episodes for s in e.sequences][:limit]:
+        ref = learner.sequence_logprobs(seq.token_ids)
+        for lp, r, m in zip(seq.logprobs, ref, seq.loss_mask):
+            if not m:
+                continue
+            if math.isnan(lp):
+                left += 1
+                diffs.append(0.0)
+            else:
+                diffs.append(abs(lp - r))
+    return {"tokens": len(diffs), "left_to_learner": left,
+            "mean_abs_gap": sum(diffs) / max(len(diffs), 1), "max_abs_gap": max(diffs, default=0.0)}
+
+
+def summarize(rows: list[dict]) -> dict:
+    wall = sum(r["rollout_s"] for r in rows)
+    tokens = sum(r["gen_tokens"] for r in rows)
+    parts = {k: sum(r.get(k, 0.0) for r in rows) for r in rows for k in r if k.startswith("time/")}
+    return {"rollout_s": wall, "gen_tokens": tokens, "gen_tokens_per_s": tokens / wall,
+            "episodes": sum(r["episodes"] for r in rows), "calls": sum(r["calls"] for r in rows),
+            "time_share": {k[5:-2]: v / wall for k, v in parts.items()}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="configs/default.yaml")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--groups", type=int, default=None, help="groups per round (default: trainer.batch_size)")
+    ap.add_argument("overrides", nargs="*", help="dotted config overrides for both sides")
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args()
+
+    from actors.learner import Learner
+    from orchestrator.cluster import spawn_rollout_workers
+    from orchestrator.parity import parity_gap
+    from orchestrator.rollouts.agentic import AgenticRollouts
+    from rl.config import load_config
+    from rl.default_model import resolve_model_path
+
+    cfg = load_config(args.config, args.overrides)
+    groups = args.groups or cfg.trainer.batch_size
+    model_path = resolve_model_path(cfg.model.path)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    t0 = time.perf_counter()
+    [worker] = spawn_rollout_workers(cfg, model_path, count=1)
+    ray.get(worker.chat_template_info.remote())
+    startup = time.perf_counter() - t0
+    rollouts = AgenticRollouts(cfg, Path(tempfile.mkdtemp(prefix="bench-agentic-")), [worker], None)
+    rows: dict[str, list[dict]] = {side: [] for side in SIDES}
+    last: dict[str, list] = {}
+    for r in range(1, args.rounds + 1):
+        for side in (list(SIDES) if r % 2 else list(SIDES)[::-1]):
+            row, last[side] = roll_out(rollouts, worker, side, r, groups, cfg.trainer.seed)
+            rows[side].append(row)
+            print(f"round {r} {side:>6}: {row['gen_tokens']} tokens in {row['rollout_s']:.1f}s "
+                  f"= {row['gen_tokens_per_s']:.2f} tok/s ({row['calls']} calls, {row['errors']} errors)", flush=True)
+            if args.json:  # raw rows as they come: a run cut short (e.g. by the OOM killer) keeps them
+                _write(args.json, {"args": vars(args), "partial": True, "rows": rows})
+
+    from transformers import AutoTokenizer
+    learner = Learner(model_path, cfg.learner, cfg.model, seed=0)
+    parity_ids = AutoTokenizer.from_pretrained(model_path)(cfg.sync.parity_text)["input_ids"]
+    mean_gap, max_gap = parity_gap(learner.sequence_logprobs(parity_ids),
+                                   ray.get(worker.prompt_logprobs.remote(parity_ids)))
+    results = {side: {**summarize(rows[side]), "recorded_vs_learner": recorded_vs_learner(learner, last[side])}
+               for side in SIDES}
+    b, a = results["before"], results["after"]
+    ratio = a["gen_tokens_per_s"] / b["gen_tokens_per_s"]
+
+    print(f"\n{args.config} {' '.join(args.overrides)}: {args.rounds} rounds x {groups} group(s) x "
+          f"{cfg.trainer.group_size} episodes per side ({platform.node()}, {os.cpu_count()} cpus, "
+          f"load {os.getloadavg()[0]:.1f}); worker start-up {startup:.1f}s; served dtype "
+          f"{cfg.rollout.dtype}/{cfg.model.dtype}: parity gap to the learner {mean_gap:.4f} (max {max_gap:.4f}, "
+          f"threshold {cfg.sync.parity_threshold})")
+    print(f"{'':>22} | {'before':>10} | {'after':>10}")
+    print("-" * 48)
+    for key, fmt in (("gen_tokens", "{:.0f}"), ("rollout_s", "{:.1f}"), ("gen_tokens_per_s", "{:.2f}"),
+                     ("calls", "{:.0f}")):
+        print(f"{key:>22} | {fmt.format(b[key]):>10} | {fmt.format(a[key]):>10}")
+    for side in SIDES:
+        rv = results[side]["recorded_vs_learner"]
+        print(f"recorded vs learner, {side}: mean {rv['mean_abs_gap']:.4f} max {rv['max_abs_gap']:.4f} "
+              f"over {rv['tokens']} tokens ({rv['left_to_learner']} left to the learner)")
+    print("\nshare of rollout wall time by part:")
+    for part in sorted(set(b["time_share"]) | set(a["time_share"]), key=lambda p: -b["time_share"].get(p, 0)):
+        print(f"{part:>22} | {100 * b['time_share'].get(part, 0):>9.1f}% | {100 * a['time_share'].get(part, 0):>9.1f}%")
+    print(f"\nafter/before gen tokens per rollout-second: {ratio:.2f}x")
+    if args.json:
+        _write(args.json, {"args": vars(args), "ratio": ratio, "startup_s": startup, "parity_gap": mean_gap,
+                           "parity_gap_max": max_gap, "load_avg": os.getloadavg(), "sides": results, "rows": rows})
+    ray.shutdown()
+
+
+def _write(path: str, data: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(data, indent=2))
+
+
+if __name__ == "__main__":
+    main()
