@@ -35,7 +35,8 @@ class Screen:
     def_range: tuple[int, int] | None = None         # the target function's lines in the submission
 
 
-def _find(tree: ast.Module, qualname: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+def find_function(tree: ast.Module, qualname: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The function `qualname` names ("f" or "Class.method"), or None."""
     body = tree.body
     node = None
     for part in qualname.split("."):
@@ -49,7 +50,7 @@ def _find(tree: ast.Module, qualname: str) -> ast.FunctionDef | ast.AsyncFunctio
 
 def _hollow(tree: ast.Module, qualname: str) -> list[str]:
     """The module's top-level statements as AST dumps, the target's body replaced by `pass`."""
-    fn = _find(tree, qualname)
+    fn = find_function(tree, qualname)
     fn.body = [ast.Pass()]
     return [ast.dump(stmt) for stmt in tree.body]
 
@@ -83,7 +84,7 @@ def screen(task: Task, submitted: str, stubbed: str, original: str) -> Screen:
         tree = ast.parse(submitted)
     except (SyntaxError, ValueError) as e:
         return Screen([f"{task.module_path} does not parse: {e}"])
-    fn = _find(tree, task.qualname)
+    fn = find_function(tree, task.qualname)
     if fn is None:
         return Screen([f"{task.module_path} no longer defines {task.qualname}"])
     def_range = (min([fn.lineno] + [d.lineno for d in fn.decorator_list]), fn.end_lineno)
@@ -96,7 +97,7 @@ def screen(task: Task, submitted: str, stubbed: str, original: str) -> Screen:
         flags.append(f"{task.module_path} changed outside the body of {task.qualname} (only the body "
                      "and new imports at the top may change)")
     new_imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) and ast.dump(n) in added_imports]
-    ref_fn = _find(ast.parse(original), task.qualname)
+    ref_fn = find_function(ast.parse(original), task.qualname)
     allowed = _uses(ref_fn) if ref_fn is not None else set()
     bad = sorted((_uses(fn) | set().union(*map(_uses, new_imports))) - allowed)
     if bad:
