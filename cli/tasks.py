@@ -25,6 +25,8 @@ def register(subparsers) -> None:
     m.add_argument("--work-root", default=DEFAULT_WORK_ROOT)
     m.add_argument("--levels", default="body",
                    help=f"comma-separated difficulty levels, or 'all' ({', '.join(LEVELS)}; default: body)")
+    m.add_argument("--max-per-level", type=int, default=None,
+                   help="probe at most this many stubs per level, spread over the library (large libraries)")
     m.add_argument("--test-deps", nargs="+", default=[], metavar="REQ",
                    help="test-only requirements the library does not declare (e.g. freezegun); installed "
                         "with its declared ones into a read-only overlay of the sandbox Python")
@@ -50,7 +52,8 @@ def _mine(args: argparse.Namespace) -> int:
         print(f"error: unknown level(s) {bad}; choose from {', '.join(LEVELS)} or 'all'")
         return 2
     tasks, report = mine(args.library, args.version, work_root=args.work_root, workers=args.workers,
-                         limit=args.limit, levels=levels, test_deps=tuple(args.test_deps))
+                         limit=args.limit, levels=levels, test_deps=tuple(args.test_deps),
+                         max_per_level=args.max_per_level)
     save_tasks(tasks, out)
     out.with_suffix(".report.json").write_text(json.dumps(asdict(report), indent=1))
     print(f"wrote {len(tasks)} tasks to {out}")

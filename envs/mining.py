@@ -118,13 +118,13 @@ def mine(library: str, version: str | None = None, work_root: str | Path = DEFAU
          uid_base: int = 61900, workers: int = 2, limit: int | None = None,
          timeout_s: float = 600.0, per_test_timeout_s: float = 10.0,
          log: Callable[[str], None] = print, levels: tuple[str, ...] = ("body",),
-         test_deps: tuple[str, ...] = ()) -> tuple[list[Task], MiningReport]:
+         test_deps: tuple[str, ...] = (), max_per_level: int | None = None) -> tuple[list[Task], MiningReport]:
     """Mine `library`'s sdist; its declared test dependencies (and `test_deps`) go into an overlay."""
     info: SdistInfo = lookup(library, version)
     tree = pristine_tree(info)
     overlay = overlay_for_sdist(tree, test_deps, log=log)
     return mine_tree(info, tree, work_root, uid_base, workers, limit, timeout_s, per_test_timeout_s, log,
-                     levels=levels, overlay=overlay)
+                     levels=levels, overlay=overlay, max_per_level=max_per_level)
 
 
 def _select(cands: list[Candidate], contexts: dict[str, dict[int, set[str]]], stable: set[str],
@@ -155,12 +155,20 @@ def _select(cands: list[Candidate], contexts: dict[str, dict[int, set[str]]], st
     return kept
 
 
+def _spread(items: list, n: int) -> list:
+    """n items taken at even strides (all of them when there are no more than n)."""
+    if len(items) <= n:
+        return items
+    return [items[i * len(items) // n] for i in range(n)]
+
+
 def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic-rlvr-work",
               uid_base: int = 61900, workers: int = 2, limit: int | None = None,
               timeout_s: float = 600.0, per_test_timeout_s: float = 10.0,
               log: Callable[[str], None] = print, levels: tuple[str, ...] = ("body",),
-              overlay: Overlay | None = None) -> tuple[list[Task], MiningReport]:
-    """mine() on an extracted tree (the sdist's top directory)."""
+              overlay: Overlay | None = None, max_per_level: int | None = None) -> tuple[list[Task], MiningReport]:
+    """mine() on an extracted tree (the sdist's top directory). max_per_level: probe at most
+    this many stubs of each level, spread evenly over the candidates (large libraries)."""
     t0 = time.monotonic()
     library = info.library
     src_root, packages = find_packages(tree)
@@ -207,8 +215,11 @@ def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic
         contexts = _coverage_contexts(sb0, co0, packages, test_command, timeout_s)
         report.functions = len({(c.module_path, c.qualname) for c in cands})
         kept = _select(cands, contexts, stable, report.dropped)
+        if max_per_level is not None:   # an even spread over the library, not its first modules
+            kept = [c for lv in levels for c in _spread([c for c in kept if c.level == lv], max_per_level)]
         if limit is not None:
             kept = kept[:limit]
+        done = [0]
         log(f"[mine] probing {len(kept)} stubs ({', '.join(f'{lv} {sum(c.level == lv for c in kept)}' for lv in levels)})")
 
         def probe(args: tuple[int, Candidate]) -> Task | None:
@@ -223,6 +234,9 @@ def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic
                 run = run_tests(sb, test_command, timeout_s=timeout_s, per_test_timeout_s=per_test_timeout_s)
             finally:
                 module.write_text(original)
+                done[0] += 1
+                if done[0] % 25 == 0:
+                    log(f"[mine] probed {done[0]}/{len(kept)} stubs, {time.monotonic() - t0:.0f}s")
             if set(run.collect_errors) - broken or not run.finished:
                 return None
             f2p = sorted(t for t in stable if run.outcomes.get(t) != "passed")
