@@ -8,9 +8,12 @@
    whole suite once: every stable test that now fails is FAIL_TO_PASS (coverage cannot see a
    body run in a child process, e.g. a test that runs the library's CLI in a subprocess: those
    tests are found here, and recorded in meta["f2p_outside_coverage"]); PASS_TO_PASS is the rest.
+A partial stub is kept only if its hole matters: with the hole simply deleted (`pass` in its
+place) some FAIL_TO_PASS test still fails, so removing the marker is never a solution.
 Dropped: bodies run at import (the stub would break importing), bodies shorter than
-MIN_BODY_LINES, duplicates, stubs no test notices, stubs that break collecting, and stubs
-that break more than MAX_F2P_FRACTION of the suite (not a task about one function any more).
+MIN_BODY_LINES, duplicates, stubs no test notices, stubs that break collecting, deletable
+holes, and stubs that break more than MAX_F2P_FRACTION of the suite (not a task about one
+function any more).
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from typing import Callable
 from envs.reward import is_test_path
 from envs.sandbox import Limits, QuotaDir, Sandbox, chown_tree
 from envs.sdist import SdistInfo, lookup, pristine_tree
-from envs.stubs import LEVELS, MIN_BODY_LINES, Candidate, candidates, problem_statement, stub_for
+from envs.stubs import MIN_BODY_LINES, Candidate, candidates, problem_statement, stub_for
 from envs.tasks import Task
 from envs.testdeps import Overlay, overlay_for_sdist
 from envs.testrun import BASE_PYTEST, run_tests
@@ -242,6 +245,17 @@ def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic
             f2p = sorted(t for t in stable if run.outcomes.get(t) != "passed")
             if not f2p or len(f2p) > MAX_F2P_FRACTION * len(stable):
                 return None
+            hole_fails = None
+            if c.level != "body":   # deleting the marked hole must not be a solution: some F2P test fails
+                module.write_text("".join(lines[:c.start - 1]) + f"{c.indent}pass\n" + "".join(lines[c.end:]))
+                try:
+                    run = run_tests(sb, test_command, nodeids=f2p, timeout_s=timeout_s,
+                                    per_test_timeout_s=per_test_timeout_s)
+                finally:
+                    module.write_text(original)
+                hole_fails = sum(run.outcomes.get(t) != "passed" for t in f2p)
+                if not hole_fails:
+                    return None
             suffix = "" if c.level == "body" else f":{c.level}"
             return Task(
                 id=f"{library}-{info.version}:{c.module_path}:{c.qualname}{suffix}", library=library,
@@ -252,7 +266,7 @@ def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic
                 problem_statement=problem_statement(c, src_root), level=c.level,
                 test_deps=list(overlay.pins) if overlay else [],
                 meta={"candidate_tests": len(c.tests), "body_lines": c.end - c.start + 1,
-                      "function_lines": c.fn_end - c.fn_start + 1,
+                      "function_lines": c.fn_end - c.fn_start + 1, "f2p_failing_with_hole_deleted": hole_fails,
                       "f2p_outside_coverage": sorted(set(f2p) - c.tests)})
 
         # each worker owns one workspace: probe i runs in workspace i % workers, so split by it
@@ -265,7 +279,7 @@ def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic
             for (i, _), t in zip(lane, results):
                 by_index[i] = t
         tasks = [by_index[i] for i in sorted(by_index) if by_index[i] is not None]
-        report.dropped["stub_not_detected_or_breaks_import"] = len(kept) - len(tasks)
+        report.dropped["stub_not_detected_breaks_import_or_hole_deletable"] = len(kept) - len(tasks)
         report.tasks = len(tasks)
         report.levels = {lv: sum(t.level == lv for t in tasks) for lv in levels}
         report.test_deps = list(overlay.pins) if overlay else []

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from envs.reward import is_test_path
 from envs.tasks import LEVELS
+
 MIN_BODY_LINES = 2      # a one-line body (`return x`) is too trivial to be a task
 MIN_PARTIAL_LINES = 3   # a partial stub leaves some of the body: the body needs a few lines
 _HOLE = {"last_lines": "the rest of the function", "branch": "this branch", "return": "the return statement",
