@@ -4,11 +4,8 @@ from __future__ import annotations
 import json
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Literal, get_args
 
-# difficulty levels, hardest first (envs/stubs.py says what each removes)
-Level = Literal["body", "last_lines", "branch", "return", "statement"]
-LEVELS: tuple[str, ...] = get_args(Level)
+from rl.types import LEVELS, Level
 
 
 @dataclass

@@ -138,3 +138,19 @@ def test_declared_test_dependencies(tmp_path):
     assert "requirements-test.txt" in sources and "pyproject.toml dependency-groups.test" in sources
     (tmp_path / "bare").mkdir()
     assert declared(tmp_path / "bare") == ([], [])
+
+
+def test_task_levels_filter_selects_before_the_split(tmp_path):
+    from envs.split import select_tasks
+    from envs.tasks import save_tasks
+    from rl.config import ConfigError, TaskConfig
+    cands = candidates_from(MODULE)
+    path = tmp_path / "mixed.jsonl"
+    save_tasks([_task(c, MODULE) for c in cands], path)
+    cfg = TaskConfig(tasks_file=str(path), levels=["return", "branch"])
+    picked = select_tasks(cfg, 0, tmp_path / "run", "train") + select_tasks(cfg, 0, tmp_path / "run", "test")
+    assert sorted(t.level for t in picked) == sorted(c.level for c in cands if c.level in ("return", "branch"))
+    bodies = tmp_path / "bodies.jsonl"
+    save_tasks([_task(c, MODULE) for c in cands if c.level == "body"], bodies)
+    with pytest.raises(ConfigError, match="no task of level"):
+        select_tasks(TaskConfig(tasks_file=str(bodies), levels=["statement"]), 0, tmp_path / "run2", "train")
