@@ -102,7 +102,7 @@ def missing_modules(run) -> list[str]:
 
 def _add_hint(library: str, missing: list[str]) -> str:
     top = sorted({m.split(".")[0] for m in missing})
-    return (f"the library declares no test dependency providing them; add them with `rlvr tasks mine {library} "
+    return (f"no declared test dependency of the library provides them; add them with `rlvr tasks mine {library} "
             f"--test-deps {' '.join(top)}` (the PyPI name may differ from the module name)")
 
 
