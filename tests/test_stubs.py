@@ -99,6 +99,16 @@ def test_partial_stubs_pass_the_target_function_screen(tree):
         assert screen(t, MODULE, stubbed, MODULE).flags == []
         outside = MODULE.replace("import math\n", "import math\nX = 1\n")
         assert screen(t, outside, stubbed, MODULE).flags
+    # the docstring is not the body: its doctests can be the suite's tests (--doctest-modules)
+    t = _task(next(c for c in candidates(tree, ["pkg"]) if c.qualname == "area"), MODULE)
+    assert screen(t, MODULE.replace("Area of", "The area of"), t.stubbed_source(MODULE), MODULE).flags == []
+    doctested = MODULE.replace('"""Area of a shape."""', '"""Area.\n\n    >>> 2\n    2\n    """')
+    t = _task(next(c for c in candidates_from(doctested) if c.qualname == "area" and c.level == "body"), doctested)
+    redoc = doctested.replace(">>> 2\n    2", ">>> 2\n    3")
+    assert "docstring with doctests stays" in screen(t, redoc, t.stubbed_source(doctested), doctested).flags[0]
+    t = _task(next(c for c in candidates(tree, ["pkg"]) if c.qualname == "Box.volume"), MODULE)
+    added = MODULE.replace("        base = self.w", '        """Volume."""\n        base = self.w')
+    assert screen(t, added, t.stubbed_source(MODULE), MODULE).flags == []   # a new docstring is fine
 
 
 def test_task_records_carry_their_level():
