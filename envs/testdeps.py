@@ -203,6 +203,12 @@ def overlay_for_sdist(tree: Path, extra: tuple[str, ...] | list[str] = (),
     if not reqs:
         return None
     log(f"[testdeps] {tree.name}: {', '.join(reqs)} (from {', '.join(sources) or 'the command line'})")
+    resolved = cache_dir() / f"resolved-{hashlib.sha256(chr(10).join(sorted(reqs)).encode()).hexdigest()[:16]}"
+    if resolved.is_file():   # these requirements were resolved before: reuse that overlay
+        pins = resolved.read_text().split()
+        found = overlay_for(pins)
+        log(f"[testdeps] overlay {found.path.name} (resolved before): {', '.join(pins)}")
+        return found
     staging = _staging()
     constraints = staging.parent / f"{staging.name}.constraints"
     try:
@@ -216,6 +222,7 @@ def overlay_for_sdist(tree: Path, extra: tuple[str, ...] | list[str] = (),
     finally:
         constraints.unlink(missing_ok=True)
     path = _seal(staging, pins)
+    resolved.write_text("\n".join(pins) + "\n")
     log(f"[testdeps] overlay {path.name}: {', '.join(pins)}")
     return Overlay(path, tuple(pins))
 
