@@ -51,10 +51,12 @@ def _mine(args: argparse.Namespace) -> int:
     if bad or not levels:
         print(f"error: unknown level(s) {bad}; choose from {', '.join(LEVELS)} or 'all'")
         return 2
+    progress = out.with_suffix(".progress.jsonl")   # a killed run resumes from it
     tasks, report = mine(args.library, args.version, work_root=args.work_root, workers=args.workers,
                          limit=args.limit, levels=levels, test_deps=tuple(args.test_deps),
-                         max_per_level=args.max_per_level)
+                         max_per_level=args.max_per_level, progress=progress)
     save_tasks(tasks, out)
+    progress.unlink(missing_ok=True)
     out.with_suffix(".report.json").write_text(json.dumps(asdict(report), indent=1))
     print(f"wrote {len(tasks)} tasks to {out}")
     return 0 if tasks else 1

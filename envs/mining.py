@@ -17,10 +17,12 @@ function any more).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -121,13 +123,14 @@ def mine(library: str, version: str | None = None, work_root: str | Path = DEFAU
          uid_base: int = 61900, workers: int = 2, limit: int | None = None,
          timeout_s: float = 600.0, per_test_timeout_s: float = 10.0,
          log: Callable[[str], None] = print, levels: tuple[str, ...] = ("body",),
-         test_deps: tuple[str, ...] = (), max_per_level: int | None = None) -> tuple[list[Task], MiningReport]:
+         test_deps: tuple[str, ...] = (), max_per_level: int | None = None,
+         progress: Path | None = None) -> tuple[list[Task], MiningReport]:
     """Mine `library`'s sdist; its declared test dependencies (and `test_deps`) go into an overlay."""
     info: SdistInfo = lookup(library, version)
     tree = pristine_tree(info)
     overlay = overlay_for_sdist(tree, test_deps, log=log)
     return mine_tree(info, tree, work_root, uid_base, workers, limit, timeout_s, per_test_timeout_s, log,
-                     levels=levels, overlay=overlay, max_per_level=max_per_level)
+                     levels=levels, overlay=overlay, max_per_level=max_per_level, progress=progress)
 
 
 def _select(cands: list[Candidate], contexts: dict[str, dict[int, set[str]]], stable: set[str],
@@ -158,6 +161,21 @@ def _select(cands: list[Candidate], contexts: dict[str, dict[int, set[str]]], st
     return kept
 
 
+def _load_progress(progress: Path | None, stable_id: str) -> dict[str, Task | None]:
+    """Probe results a killed run left (same stable test set only): key -> task or None."""
+    out: dict[str, Task | None] = {}
+    if progress is None or not progress.is_file():
+        return out
+    for line in progress.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue   # the line being written when the run was killed
+        if rec.get("stable") == stable_id:
+            out[rec["key"]] = Task.from_json(rec["task"]) if rec["task"] else None
+    return out
+
+
 def _spread(items: list, n: int) -> list:
     """n items taken at even strides (all of them when there are no more than n)."""
     if len(items) <= n:
@@ -169,9 +187,11 @@ def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic
               uid_base: int = 61900, workers: int = 2, limit: int | None = None,
               timeout_s: float = 600.0, per_test_timeout_s: float = 10.0,
               log: Callable[[str], None] = print, levels: tuple[str, ...] = ("body",),
-              overlay: Overlay | None = None, max_per_level: int | None = None) -> tuple[list[Task], MiningReport]:
+              overlay: Overlay | None = None, max_per_level: int | None = None,
+              progress: Path | None = None) -> tuple[list[Task], MiningReport]:
     """mine() on an extracted tree (the sdist's top directory). max_per_level: probe at most
-    this many stubs of each level, spread evenly over the candidates (large libraries)."""
+    this many stubs of each level, spread evenly over the candidates (large libraries).
+    progress: a JSONL file each probe's result is appended to; a rerun reuses them."""
     t0 = time.monotonic()
     library = info.library
     src_root, packages = find_packages(tree)
@@ -225,7 +245,25 @@ def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic
         done = [0]
         log(f"[mine] probing {len(kept)} stubs ({', '.join(f'{lv} {sum(c.level == lv for c in kept)}' for lv in levels)})")
 
+        stable_id = hashlib.sha256("\n".join(sorted(stable)).encode()).hexdigest()[:16]
+        resumed = _load_progress(progress, stable_id)
+        if resumed:
+            log(f"[mine] resuming: {len(resumed)} stubs already probed ({progress})")
+        write_lock = threading.Lock()
+
         def probe(args: tuple[int, Candidate]) -> Task | None:
+            c = args[1]
+            key = f"{c.module_path}:{c.qualname}:{c.level}:{c.start}-{c.end}"
+            if key in resumed:
+                return resumed[key]
+            task = verify(args)
+            if progress is not None:
+                with write_lock, open(progress, "a") as f:
+                    f.write(json.dumps({"key": key, "stable": stable_id,
+                                        "task": task and json.loads(task.to_json())}) + "\n")
+            return task
+
+        def verify(args: tuple[int, Candidate]) -> Task | None:
             i, c = args
             _, co, sb = spaces[i % len(spaces)]
             module = co / c.module_path

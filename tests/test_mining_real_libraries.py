@@ -43,12 +43,19 @@ def _tree(tmp: Path, files: dict[str, str]) -> Path:
 def test_subprocess_cli_tests_move_to_fail_to_pass(tmp_path):
     tree = _tree(tmp_path, CLI_PKG)
     info = SdistInfo("shout", "1.0", "shout-1.0.tar.gz", "0" * 64, "file:///none")
-    tasks, report = mine_tree(info, tree, work_root=WORK_ROOT, uid_base=63030, workers=1, timeout_s=120)
+    progress = Path(WORK_ROOT) / f"progress-{tmp_path.name}.jsonl"
+    tasks, report = mine_tree(info, tree, work_root=WORK_ROOT, uid_base=63030, workers=1, timeout_s=120,
+                              progress=progress)
     assert [t.qualname for t in tasks] == ["shout"], report
     t = tasks[0]
     assert t.fail_to_pass == ["tests/test_cli.py::test_cli", "tests/test_core.py::test_shout"], t
     assert t.pass_to_pass == [f"tests/test_core.py::test_unrelated_{i}" for i in range(3)]
     assert t.meta["f2p_outside_coverage"] == ["tests/test_cli.py::test_cli"]
+    logs = []   # a rerun (e.g. after a kill) takes the probes already made from the progress file
+    again, _ = mine_tree(info, tree, work_root=WORK_ROOT, uid_base=63030, workers=1, timeout_s=120,
+                         progress=progress, log=logs.append)
+    assert again == tasks and any("resuming: 1 stubs already probed" in line for line in logs), logs
+    progress.unlink()
 
 
 def test_missing_test_dependency_is_named(tmp_path):
