@@ -238,10 +238,13 @@ def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic
         contexts = _coverage_contexts(sb0, co0, packages, test_command, timeout_s)
         report.functions = len({(c.module_path, c.qualname) for c in cands})
         kept = _select(cands, contexts, stable, report.dropped)
+        verified = len(kept)
         if max_per_level is not None:   # an even spread over the library, not its first modules
             kept = [c for lv in levels for c in _spread([c for c in kept if c.level == lv], max_per_level)]
         if limit is not None:
             kept = kept[:limit]
+        if len(kept) < verified:
+            report.dropped["not_probed_over_limit"] = verified - len(kept)
         done = [0]
         log(f"[mine] probing {len(kept)} stubs ({', '.join(f'{lv} {sum(c.level == lv for c in kept)}' for lv in levels)})")
 
