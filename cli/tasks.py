@@ -23,6 +23,8 @@ def register(subparsers) -> None:
     m.add_argument("--limit", type=int, default=None, help="probe at most this many functions")
     m.add_argument("--workers", type=int, default=2)
     m.add_argument("--work-root", default=DEFAULT_WORK_ROOT)
+    m.add_argument("--uid-base", type=int, default=61900,
+                   help="sandbox uids of the workers (uid-base + i): a range no other sandbox on the host uses")
     m.add_argument("--levels", default="body",
                    help=f"comma-separated difficulty levels, or 'all' ({', '.join(LEVELS)}; default: body)")
     m.add_argument("--max-per-level", type=int, default=None,
@@ -52,7 +54,8 @@ def _mine(args: argparse.Namespace) -> int:
         print(f"error: unknown level(s) {bad}; choose from {', '.join(LEVELS)} or 'all'")
         return 2
     progress = out.with_suffix(".progress.jsonl")   # a killed run resumes from it
-    tasks, report = mine(args.library, args.version, work_root=args.work_root, workers=args.workers,
+    tasks, report = mine(args.library, args.version, work_root=args.work_root, uid_base=args.uid_base,
+                         workers=args.workers,
                          limit=args.limit, levels=levels, test_deps=tuple(args.test_deps),
                          max_per_level=args.max_per_level, progress=progress)
     save_tasks(tasks, out)
