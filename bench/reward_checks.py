@@ -3,7 +3,7 @@ the reference body over a task file (median), on whatever tree is first on the p
 same script measures a tree before and after a change side by side.
 
     python bench/reward_checks.py tamper [--json out.json]
-    python bench/reward_checks.py latency [--tasks configs/tasks/toolz.jsonl] [--json out.json]
+    python bench/reward_checks.py latency [--tasks configs/tasks/toolz.jsonl] [--per-level N] [--json out.json]
 """
 from __future__ import annotations
 
@@ -37,15 +37,19 @@ def tamper() -> list[dict]:
     return rows
 
 
-def latency(tasks_file: str) -> dict:
+def latency(tasks_file: str, per_level: int | None = None) -> dict:
+    """per_level: only the first N tasks of each difficulty level (a sample of a large file)."""
+    tasks = load_tasks(tasks_file)
+    if per_level is not None:
+        tasks = [t for lv in dict.fromkeys(t.level for t in tasks) for t in [u for u in tasks if u.level == lv][:per_level]]
     per_task = []
-    for task in load_tasks(tasks_file):
+    for task in tasks:
         with episode(task, sandbox_uid_base=UID) as env:
             replace_body(env, task.original_body)
             start = time.monotonic()
             r = env.reward()
-            per_task.append({"task": task.id, "reward": r.reward, "seconds": time.monotonic() - start,
-                             "error": r.error})
+            per_task.append({"task": task.id, "level": task.level, "reward": r.reward,
+                             "seconds": time.monotonic() - start, "error": r.error})
     secs = [p["seconds"] for p in per_task]
     out = {"tasks": len(per_task), "median_s": statistics.median(secs), "mean_s": statistics.mean(secs),
            "not_full": [p for p in per_task if p["reward"] != 1.0], "per_task": per_task}
@@ -58,9 +62,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("what", choices=["tamper", "latency"])
     ap.add_argument("--tasks", default=str(SHIPPED_TOOLZ))
+    ap.add_argument("--per-level", type=int, default=None, help="latency: first N tasks of each level")
     ap.add_argument("--json")
     args = ap.parse_args()
-    result = tamper() if args.what == "tamper" else latency(args.tasks)
+    result = tamper() if args.what == "tamper" else latency(args.tasks, args.per_level)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from envs.mining import mine
 from envs.split import write_split
-from envs.tasks import load_tasks, save_tasks
+from envs.tasks import LEVELS, load_tasks, save_tasks
 from rl.paths import DEFAULT_WORK_ROOT
 
 
@@ -23,6 +23,15 @@ def register(subparsers) -> None:
     m.add_argument("--limit", type=int, default=None, help="probe at most this many functions")
     m.add_argument("--workers", type=int, default=2)
     m.add_argument("--work-root", default=DEFAULT_WORK_ROOT)
+    m.add_argument("--uid-base", type=int, default=61900,
+                   help="sandbox uids of the workers (uid-base + i): a range no other sandbox on the host uses")
+    m.add_argument("--levels", default="body",
+                   help=f"comma-separated difficulty levels, or 'all' ({', '.join(LEVELS)}; default: body)")
+    m.add_argument("--max-per-level", type=int, default=None,
+                   help="probe at most this many stubs per level, spread over the library (large libraries)")
+    m.add_argument("--test-deps", nargs="+", default=[], metavar="REQ",
+                   help="test-only requirements the library does not declare (e.g. freezegun); installed "
+                        "with its declared ones into a read-only overlay of the sandbox Python")
     m.set_defaults(func=_mine)
 
     s = sub.add_parser("split", help="write a run's train/test split (once; refuses a different one)")
@@ -39,9 +48,18 @@ def register(subparsers) -> None:
 
 def _mine(args: argparse.Namespace) -> int:
     out = Path(args.out or f"configs/tasks/{args.library}.jsonl")
-    tasks, report = mine(args.library, args.version, work_root=args.work_root, workers=args.workers,
-                         limit=args.limit)
+    levels = LEVELS if args.levels == "all" else tuple(v.strip() for v in args.levels.split(",") if v.strip())
+    bad = sorted(set(levels) - set(LEVELS))
+    if bad or not levels:
+        print(f"error: unknown level(s) {bad}; choose from {', '.join(LEVELS)} or 'all'")
+        return 2
+    progress = out.with_suffix(".progress.jsonl")   # a killed run resumes from it
+    tasks, report = mine(args.library, args.version, work_root=args.work_root, uid_base=args.uid_base,
+                         workers=args.workers,
+                         limit=args.limit, levels=levels, test_deps=tuple(args.test_deps),
+                         max_per_level=args.max_per_level, progress=progress)
     save_tasks(tasks, out)
+    progress.unlink(missing_ok=True)
     out.with_suffix(".report.json").write_text(json.dumps(asdict(report), indent=1))
     print(f"wrote {len(tasks)} tasks to {out}")
     return 0 if tasks else 1
@@ -56,6 +74,7 @@ def _split(args: argparse.Namespace) -> int:
 def _info(args: argparse.Namespace) -> int:
     tasks = load_tasks(args.tasks_file)
     f2p = [len(t.fail_to_pass) for t in tasks]
-    print(f"{len(tasks)} tasks; libraries {sorted({t.library for t in tasks})}; "
+    levels = {lv: sum(t.level == lv for t in tasks) for lv in LEVELS if any(t.level == lv for t in tasks)}
+    print(f"{len(tasks)} tasks; libraries {sorted({t.library for t in tasks})}; levels {levels}; "
           f"FAIL_TO_PASS per task min {min(f2p, default=0)} max {max(f2p, default=0)}")
     return 0

@@ -21,6 +21,7 @@ from envs.reward import RewardResult, compute_reward
 from envs.sandbox import INSIDE_REPO, Limits, QuotaDir, Sandbox, chown_tree, kill_uid
 from envs.sdist import tree_for
 from envs.tasks import Task
+from envs.testdeps import overlay_for
 from envs.tools import PI_TOOLS, ToolResult, Tools
 
 __all__ = ["CodingEnv", "PI_TOOLS", "ToolResult", "RewardResult", "INSIDE_REPO", "limits_from"]
@@ -42,6 +43,8 @@ class CodingEnv:
         self.cfg = env_cfg
         self.uid = env_cfg.sandbox_uid_base if uid is None else uid
         self.pristine = pristine_for(self.task)
+        overlay = overlay_for(self.task.test_deps)
+        self.site_overlay = overlay.path if overlay else None
         root = Path(work_root)
         root.mkdir(parents=True, exist_ok=True)
         os.chmod(root, 0o755)
@@ -61,7 +64,7 @@ class CodingEnv:
             os.lchown(tmp, self.uid, self.uid)
             self.limits = limits_from(env_cfg)
             self.sandbox = Sandbox(self.checkout, uid=self.uid, limits=self.limits, tmp_dir=tmp,
-                                   max_output_chars=env_cfg.max_output_chars)
+                                   max_output_chars=env_cfg.max_output_chars, site_overlay=self.site_overlay)
             self._tools = Tools(self.checkout, self.sandbox, self.uid, env_cfg.command_timeout_s,
                                 env_cfg.max_output_chars, env_cfg.max_file_mib * 1024 * 1024)
         except BaseException:
@@ -85,7 +88,8 @@ class CodingEnv:
         kill_uid(self.uid)   # nothing the agent started may run during verification
         scratch = self.dir.parent
         return compute_reward(self.task, self.checkout, self.pristine, scratch, self.uid,
-                              self.limits, self.cfg.verify_timeout_s, self.cfg.test_timeout_s)
+                              self.limits, self.cfg.verify_timeout_s, self.cfg.test_timeout_s,
+                              site_overlay=self.site_overlay)
 
     def close(self) -> None:
         if self._closed:

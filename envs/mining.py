@@ -1,24 +1,28 @@
 """Mine stub-a-function tasks from a library's sdist, every test run sandboxed.
 
 1. baseline the suite twice; tests passing both times are the stable set (flaky ones drop);
-2. one coverage run with per-test contexts tells which tests execute each function body;
-3. for each module-level function with a non-trivial body that some test touched, replace
-   the body (docstring and signature kept) with a stub and run the whole suite once: every
-   stable test that now fails is FAIL_TO_PASS (coverage cannot see a body run in a child
-   process, e.g. a test that runs the library's CLI in a subprocess: those tests are found
-   here, and recorded in meta["f2p_outside_coverage"]); PASS_TO_PASS is the rest.
+   the library's declared test dependencies come from a read-only overlay (envs/testdeps.py);
+2. one coverage run with per-test contexts tells which tests execute each line;
+3. for each candidate stub (envs/stubs.py: whole bodies and partial stubs of functions and
+   methods, one per difficulty level) whose lines some test ran, write the stub and run the
+   whole suite once: every stable test that now fails is FAIL_TO_PASS (coverage cannot see a
+   body run in a child process, e.g. a test that runs the library's CLI in a subprocess: those
+   tests are found here, and recorded in meta["f2p_outside_coverage"]); PASS_TO_PASS is the rest.
+A partial stub is kept only if its hole matters: with the hole simply deleted (`pass` in its
+place) some FAIL_TO_PASS test still fails, so removing the marker is never a solution.
 Dropped: bodies run at import (the stub would break importing), bodies shorter than
-MIN_BODY_LINES, duplicate bodies, functions whose stub no test notices, and stubs that break
-more than MAX_F2P_FRACTION of the suite (not a task about one function any more).
+MIN_BODY_LINES, duplicates, stubs no test notices, stubs that break collecting, deletable
+holes, and stubs that break more than MAX_F2P_FRACTION of the suite (not a task about one
+function any more).
 """
 from __future__ import annotations
 
-import ast
+import hashlib
 import json
 import os
 import re
 import shutil
-import textwrap
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -29,24 +33,14 @@ from typing import Callable
 from envs.reward import is_test_path
 from envs.sandbox import Limits, QuotaDir, Sandbox, chown_tree
 from envs.sdist import SdistInfo, lookup, pristine_tree
+from envs.stubs import MIN_BODY_LINES, Candidate, candidates, problem_statement, stub_for
 from envs.tasks import Task
+from envs.testdeps import Overlay, overlay_for_sdist
 from envs.testrun import BASE_PYTEST, run_tests
 from rl.paths import DEFAULT_WORK_ROOT
 
-MIN_BODY_LINES = 2   # a one-line body (`return x`) is too trivial to be a task
 MAX_F2P_FRACTION = 0.5
 COVERAGE_RC = "[run]\nbranch = False\n[json]\nshow_contexts = True\n"
-
-
-@dataclass
-class Candidate:
-    module_path: str
-    qualname: str
-    start: int
-    end: int
-    body: str
-    indent: str
-    tests: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -59,6 +53,8 @@ class MiningReport:
     stable_tests: int = 0
     flaky_tests: int = 0
     seconds: float = 0.0
+    levels: dict = field(default_factory=dict)      # level -> tasks
+    test_deps: list = field(default_factory=list)   # the overlay's pinned distributions
 
 
 def find_packages(tree: Path) -> tuple[str, list[str]]:
@@ -75,45 +71,8 @@ def find_packages(tree: Path) -> tuple[str, list[str]]:
 
 
 def function_candidates(tree: Path, packages: list[str], src_root: str = "") -> list[Candidate]:
-    out = []
-    for pkg in packages:
-        for path in sorted((tree / src_root / pkg).rglob("*.py")):
-            rel = str(path.relative_to(tree))
-            if is_test_path(rel):
-                continue
-            source = path.read_text()
-            try:
-                mod = ast.parse(source)
-            except SyntaxError:
-                continue
-            lines = source.splitlines(keepends=True)
-            for node in mod.body:
-                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    continue
-                stmts = node.body
-                if (stmts and isinstance(stmts[0], ast.Expr) and isinstance(stmts[0].value, ast.Constant)
-                        and isinstance(stmts[0].value.value, str)):
-                    stmts = stmts[1:]
-                if not stmts or stmts[0].lineno == node.lineno:
-                    continue
-                start, end = stmts[0].lineno, node.end_lineno
-                if stmts[0].col_offset == 0 or lines[start - 1][:stmts[0].col_offset].strip():
-                    continue   # body does not start its own line
-                body = "".join(lines[start - 1:end])
-                out.append(Candidate(rel, node.name, start, end, body, " " * stmts[0].col_offset))
-    return out
-
-
-def stub_for(c: Candidate) -> str:
-    return f'{c.indent}raise NotImplementedError("{c.qualname} is not implemented yet")\n'
-
-
-def problem_statement(library: str, c: Candidate, src_root: str = "") -> str:
-    module = c.module_path[len(src_root) + 1:] if src_root else c.module_path
-    dotted = module[:-3].replace("/", ".").removesuffix(".__init__")
-    return (f"Implement `{dotted}.{c.qualname}` in {c.module_path}: its body was removed and now raises "
-            f"NotImplementedError; its signature and docstring say what it must do. Make the "
-            f"repository's tests pass without changing the tests.")
+    """Whole-body candidates (the "body" level) of every function and method."""
+    return candidates(tree, packages, src_root, ("body",))
 
 
 def _coverage_contexts(sandbox: Sandbox, checkout: Path, packages: list[str], test_command: list[str],
@@ -143,6 +102,12 @@ def missing_modules(run) -> list[str]:
     return sorted({m for msg in run.collect_messages for m in re.findall(r"No module named '([\w.]+)'", msg)})
 
 
+def _add_hint(library: str, missing: list[str]) -> str:
+    top = sorted({m.split(".")[0] for m in missing})
+    return (f"no declared test dependency of the library provides them; add them with `rlvr tasks mine {library} "
+            f"--test-deps {' '.join(top)}` (the PyPI name may differ from the module name)")
+
+
 def baseline_error(library: str, run) -> str:
     """Why a baseline ran no test: the collection errors, and the modules they miss."""
     missing = missing_modules(run)
@@ -150,44 +115,103 @@ def baseline_error(library: str, run) -> str:
             f"{len(run.collect_errors)} collection error(s):\n")
     text += "\n".join(f"--- {e}\n{m[-800:]}" for e, m in zip(run.collect_errors[:5], run.collect_messages))
     if missing:
-        text += (f"\nThe tests import modules the sandbox Python lacks: {', '.join(missing)}. They are "
-                 "test-only dependencies of the library; install them into the sandbox Python "
-                 "(scripts/setup.sh's sandbox venv) before mining.")
+        text += f"\nThe tests import modules the sandbox Python lacks: {', '.join(missing)}. {_add_hint(library, missing)}."
     return text + f"\n{run.output[-1500:]}"
 
 
 def mine(library: str, version: str | None = None, work_root: str | Path = DEFAULT_WORK_ROOT,
          uid_base: int = 61900, workers: int = 2, limit: int | None = None,
          timeout_s: float = 600.0, per_test_timeout_s: float = 10.0,
-         log: Callable[[str], None] = print) -> tuple[list[Task], MiningReport]:
+         log: Callable[[str], None] = print, levels: tuple[str, ...] = ("body",),
+         test_deps: tuple[str, ...] = (), max_per_level: int | None = None,
+         progress: Path | None = None) -> tuple[list[Task], MiningReport]:
+    """Mine `library`'s sdist; its declared test dependencies (and `test_deps`) go into an overlay."""
     info: SdistInfo = lookup(library, version)
-    return mine_tree(info, pristine_tree(info), work_root, uid_base, workers, limit, timeout_s,
-                     per_test_timeout_s, log)
+    tree = pristine_tree(info)
+    overlay = overlay_for_sdist(tree, test_deps, log=log)
+    return mine_tree(info, tree, work_root, uid_base, workers, limit, timeout_s, per_test_timeout_s, log,
+                     levels=levels, overlay=overlay, max_per_level=max_per_level, progress=progress)
+
+
+def _select(cands: list[Candidate], contexts: dict[str, dict[int, set[str]]], stable: set[str],
+            dropped: dict) -> list[Candidate]:
+    """Candidates whose stubbed lines some stable test runs, none of the body at import, no duplicates."""
+    kept: list[Candidate] = []
+    seen: set[tuple[str, str, str]] = set()
+    for c in cands:
+        lines = contexts.get(c.module_path, {})
+        in_body = [lines[n] for n in range(c.fn_start, c.fn_end + 1) if n in lines]
+        in_span = [lines[n] for n in range(c.start, c.end + 1) if n in lines]
+        tests = set().union(*in_span) if in_span else set()
+        reason = None
+        if c.level == "body" and c.end - c.start + 1 < MIN_BODY_LINES:
+            reason = "trivial"
+        elif any("" in t for t in in_body):
+            reason = "runs_at_import"
+        elif c.key in seen:
+            reason = "duplicate"
+        elif not tests & stable:
+            reason = "untested"
+        if reason:
+            dropped[reason] = dropped.get(reason, 0) + 1
+            continue
+        seen.add(c.key)
+        c.tests = tests & stable
+        kept.append(c)
+    return kept
+
+
+def _load_progress(progress: Path | None, stable_id: str) -> dict[str, Task | None]:
+    """Probe results a killed run left (same stable test set only): key -> task or None."""
+    out: dict[str, Task | None] = {}
+    if progress is None or not progress.is_file():
+        return out
+    for line in progress.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue   # the line being written when the run was killed
+        if rec.get("stable") == stable_id:
+            out[rec["key"]] = Task.from_json(rec["task"]) if rec["task"] else None
+    return out
+
+
+def _spread(items: list, n: int) -> list:
+    """n items taken at even strides (all of them when there are no more than n)."""
+    if len(items) <= n:
+        return items
+    return [items[i * len(items) // n] for i in range(n)]
 
 
 def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic-rlvr-work",
               uid_base: int = 61900, workers: int = 2, limit: int | None = None,
               timeout_s: float = 600.0, per_test_timeout_s: float = 10.0,
-              log: Callable[[str], None] = print) -> tuple[list[Task], MiningReport]:
-    """mine() on an extracted tree (the sdist's top directory)."""
+              log: Callable[[str], None] = print, levels: tuple[str, ...] = ("body",),
+              overlay: Overlay | None = None, max_per_level: int | None = None,
+              progress: Path | None = None) -> tuple[list[Task], MiningReport]:
+    """mine() on an extracted tree (the sdist's top directory). max_per_level: probe at most
+    this many stubs of each level, spread evenly over the candidates (large libraries).
+    progress: a JSONL file each probe's result is appended to; a rerun reuses them."""
     t0 = time.monotonic()
     library = info.library
     src_root, packages = find_packages(tree)
     if not packages:
         raise ValueError(f"{info.filename}: no package directory found at the top or under src/")
+    cands = candidates(tree, packages, src_root, tuple(levels))
     test_command = list(BASE_PYTEST) + (["-o", f"pythonpath={src_root}"] if src_root else [])
     report = MiningReport(library, info.version)
     root = Path(work_root)
     root.mkdir(parents=True, exist_ok=True)
     os.chmod(root, 0o755)
     limits = Limits(cpu_s=int(timeout_s), memory_mib=4096, max_processes=256, max_file_mib=256)
+    site = overlay.path if overlay else None
 
     def workspace(i: int) -> tuple[QuotaDir, Path, Sandbox]:
         q = QuotaDir(root / f"mine-{library}-{uuid.uuid4().hex[:8]}", 1024)
         co = q.path / "repo"
         shutil.copytree(tree, co, symlinks=True)
         chown_tree(co, uid_base + i)
-        return q, co, Sandbox(co, uid=uid_base + i, limits=limits, max_output_chars=200_000)
+        return q, co, Sandbox(co, uid=uid_base + i, limits=limits, max_output_chars=200_000, site_overlay=site)
 
     spaces = [workspace(i) for i in range(max(1, workers))]
     try:
@@ -203,9 +227,8 @@ def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic
         if broken:
             miss = missing_modules(runs[0])
             log(f"[mine] warning: {len(broken)} test file(s) do not collect: {', '.join(sorted(broken)[:8])}"
-                + (f"; they import modules the sandbox Python lacks: {', '.join(miss)} (test-only "
-                   "dependencies: install them into the sandbox Python to mine those tests)" if miss else "")
-                + "; mining the tests that do collect")
+                + (f"; they import modules the sandbox Python lacks: {', '.join(miss)} ({_add_hint(library, miss)})"
+                   if miss else "") + "; mining the tests that do collect")
             test_command.append("--continue-on-collection-errors")   # else pytest runs no test at all
         stable = runs[0].passed & runs[1].passed
         report.stable_tests = len(stable)
@@ -213,32 +236,37 @@ def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic
         log(f"[mine] {info.filename}: {len(stable)} stable passing tests, {report.flaky_tests} flaky, "
             f"{len(runs[0].outcomes) - len(runs[0].passed)} not passing")
         contexts = _coverage_contexts(sb0, co0, packages, test_command, timeout_s)
-        cands = function_candidates(tree, packages, src_root)
-        report.functions = len(cands)
-        kept: list[Candidate] = []
-        seen_bodies: set[str] = set()
-        dropped = report.dropped
-        for c in cands:
-            lines = contexts.get(c.module_path, {})
-            covered = [lines[n] for n in range(c.start, c.end + 1) if n in lines]
-            tests = set().union(*covered) if covered else set()
-            key = textwrap.dedent(c.body).strip()
-            if c.end - c.start + 1 < MIN_BODY_LINES:
-                dropped["trivial"] = dropped.get("trivial", 0) + 1
-            elif "" in tests:
-                dropped["runs_at_import"] = dropped.get("runs_at_import", 0) + 1
-            elif key in seen_bodies:
-                dropped["duplicate"] = dropped.get("duplicate", 0) + 1
-            elif not tests & stable:
-                dropped["untested"] = dropped.get("untested", 0) + 1
-            else:
-                seen_bodies.add(key)
-                c.tests = tests & stable
-                kept.append(c)
+        report.functions = len({(c.module_path, c.qualname) for c in cands})
+        kept = _select(cands, contexts, stable, report.dropped)
+        verified = len(kept)
+        if max_per_level is not None:   # an even spread over the library, not its first modules
+            kept = [c for lv in levels for c in _spread([c for c in kept if c.level == lv], max_per_level)]
         if limit is not None:
             kept = kept[:limit]
+        if len(kept) < verified:
+            report.dropped["not_probed_over_limit"] = verified - len(kept)
+        done = [0]
+        log(f"[mine] probing {len(kept)} stubs ({', '.join(f'{lv} {sum(c.level == lv for c in kept)}' for lv in levels)})")
+
+        stable_id = hashlib.sha256("\n".join(sorted(stable)).encode()).hexdigest()[:16]
+        resumed = _load_progress(progress, stable_id)
+        if resumed:
+            log(f"[mine] resuming: {len(resumed)} stubs already probed ({progress})")
+        write_lock = threading.Lock()
 
         def probe(args: tuple[int, Candidate]) -> Task | None:
+            c = args[1]
+            key = f"{c.module_path}:{c.qualname}:{c.level}:{c.start}-{c.end}"
+            if key in resumed:
+                return resumed[key]
+            task = verify(args)
+            if progress is not None:
+                with write_lock, open(progress, "a") as f:
+                    f.write(json.dumps({"key": key, "stable": stable_id,
+                                        "task": task and json.loads(task.to_json())}) + "\n")
+            return task
+
+        def verify(args: tuple[int, Candidate]) -> Task | None:
             i, c = args
             _, co, sb = spaces[i % len(spaces)]
             module = co / c.module_path
@@ -250,19 +278,36 @@ def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic
                 run = run_tests(sb, test_command, timeout_s=timeout_s, per_test_timeout_s=per_test_timeout_s)
             finally:
                 module.write_text(original)
+                done[0] += 1
+                if done[0] % 25 == 0:
+                    log(f"[mine] probed {done[0]}/{len(kept)} stubs, {time.monotonic() - t0:.0f}s")
             if set(run.collect_errors) - broken or not run.finished:
                 return None
             f2p = sorted(t for t in stable if run.outcomes.get(t) != "passed")
             if not f2p or len(f2p) > MAX_F2P_FRACTION * len(stable):
                 return None
+            hole_fails = None
+            if c.level != "body":   # deleting the marked hole must not be a solution: some F2P test fails
+                module.write_text("".join(lines[:c.start - 1]) + f"{c.indent}pass\n" + "".join(lines[c.end:]))
+                try:
+                    run = run_tests(sb, test_command, nodeids=f2p, timeout_s=timeout_s,
+                                    per_test_timeout_s=per_test_timeout_s)
+                finally:
+                    module.write_text(original)
+                hole_fails = sum(run.outcomes.get(t) != "passed" for t in f2p)
+                if not hole_fails:
+                    return None
+            suffix = "" if c.level == "body" else f":{c.level}"
             return Task(
-                id=f"{library}-{info.version}:{c.module_path}:{c.qualname}", library=library,
+                id=f"{library}-{info.version}:{c.module_path}:{c.qualname}{suffix}", library=library,
                 version=info.version, sdist_filename=info.filename, sdist_sha256=info.sha256,
                 sdist_url=info.url, module_path=c.module_path, qualname=c.qualname,
                 body_start_line=c.start, body_end_line=c.end, original_body=c.body, stub_body=stub,
                 fail_to_pass=f2p, pass_to_pass=sorted(stable - set(f2p)), test_command=test_command,
-                problem_statement=problem_statement(library, c, src_root),
+                problem_statement=problem_statement(c, src_root), level=c.level,
+                test_deps=list(overlay.pins) if overlay else [],
                 meta={"candidate_tests": len(c.tests), "body_lines": c.end - c.start + 1,
+                      "function_lines": c.fn_end - c.fn_start + 1, "f2p_failing_with_hole_deleted": hole_fails,
                       "f2p_outside_coverage": sorted(set(f2p) - c.tests)})
 
         # each worker owns one workspace: probe i runs in workspace i % workers, so split by it
@@ -275,11 +320,13 @@ def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic
             for (i, _), t in zip(lane, results):
                 by_index[i] = t
         tasks = [by_index[i] for i in sorted(by_index) if by_index[i] is not None]
-        dropped["stub_not_detected_or_breaks_import"] = len(kept) - len(tasks)
+        report.dropped["stub_not_detected_breaks_import_or_hole_deletable"] = len(kept) - len(tasks)
         report.tasks = len(tasks)
+        report.levels = {lv: sum(t.level == lv for t in tasks) for lv in levels}
+        report.test_deps = list(overlay.pins) if overlay else []
         report.seconds = time.monotonic() - t0
-        log(f"[mine] {library} {info.version}: {len(tasks)} tasks from {len(cands)} functions "
-            f"in {report.seconds:.1f}s; dropped {dropped}")
+        log(f"[mine] {library} {info.version}: {len(tasks)} tasks {report.levels} from {report.functions} "
+            f"functions in {report.seconds:.1f}s; dropped {report.dropped}")
         return tasks, report
     finally:
         for q, _, _ in spaces:

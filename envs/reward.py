@@ -87,7 +87,9 @@ def build_verify_tree(task: Task, submitted: str, pristine: Path, dest: Path) ->
 
 
 def compute_reward(task: Task, checkout: Path, pristine: Path, scratch: Path, uid: int,
-                   limits: Limits, timeout_s: float, per_test_timeout_s: float) -> RewardResult:
+                   limits: Limits, timeout_s: float, per_test_timeout_s: float,
+                   site_overlay: Path | None = None) -> RewardResult:
+    """site_overlay: the task's test-dependency overlay (envs/testdeps.py), if it has one."""
     start = time.monotonic()
     if not checkout.is_dir():
         return RewardResult(0.0, {"reason": "checkout missing"}, error=f"the checkout {checkout} is gone; "
@@ -109,7 +111,7 @@ def compute_reward(task: Task, checkout: Path, pristine: Path, scratch: Path, ui
     target = (f"{INSIDE_REPO}/{task.module_path}", *checked.def_range)
     try:
         build_verify_tree(task, submitted, pristine, dest)
-        sandbox = Sandbox(dest, uid=uid, limits=limits, workdir_readonly=True)
+        sandbox = Sandbox(dest, uid=uid, limits=limits, workdir_readonly=True, site_overlay=site_overlay)
         run = run_tests(sandbox, task.test_command, timeout_s=timeout_s,
                         per_test_timeout_s=per_test_timeout_s, target=target)
     finally:

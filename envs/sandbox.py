@@ -38,6 +38,7 @@ from rl.paths import rlvr_home
 
 INSIDE_REPO = "/repo"           # where the checkout appears inside the sandbox
 INSIDE_TMP = "/tmp"
+INSIDE_SITE = "/rlvr/site"      # a task's test-dependency overlay (envs/testdeps.py), on PYTHONPATH
 _MIB = 1024 * 1024
 _ARGV_COMMAND_MAX = 100_000     # bytes of a command passed as bash -c's argument
 
@@ -102,6 +103,7 @@ class Sandbox:
     tmp_dir: Path | None = None
     workdir_readonly: bool = False
     max_output_chars: int = 50_000
+    site_overlay: Path | None = None   # read-only extra site directory (a library's test dependencies)
 
     def __post_init__(self) -> None:
         check_host()
@@ -143,6 +145,8 @@ class Sandbox:
         else:
             cmd += ["--size", str(lim.tmp_mib * _MIB), "--tmpfs", INSIDE_TMP]
         cmd += ["--ro-bind" if self.workdir_readonly else "--bind", str(self.workdir), INSIDE_REPO]
+        if self.site_overlay is not None:
+            cmd += ["--ro-bind", str(self.site_overlay), INSIDE_SITE]
         for host, inside in extra_ro_binds:
             cmd += ["--ro-bind", str(host), str(inside)]
         for host, inside in extra_rw_binds:
@@ -153,6 +157,8 @@ class Sandbox:
                     "TMPDIR": INSIDE_TMP, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
                     "PYTHONUNBUFFERED": "1"}
         full_env.update(env or {})
+        if self.site_overlay is not None:   # after the verifier's plugin: the overlay cannot shadow it
+            full_env["PYTHONPATH"] = ":".join(filter(None, [full_env.get("PYTHONPATH"), INSIDE_SITE]))
         for k, v in full_env.items():
             cmd += ["--setenv", k, v]
         return cmd + ["--", *inner]

@@ -35,7 +35,8 @@ class Screen:
     def_range: tuple[int, int] | None = None         # the target function's lines in the submission
 
 
-def _find(tree: ast.Module, qualname: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+def find_function(tree: ast.Module, qualname: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The function `qualname` names ("f" or "Class.method"), or None."""
     body = tree.body
     node = None
     for part in qualname.split("."):
@@ -47,10 +48,18 @@ def _find(tree: ast.Module, qualname: str) -> ast.FunctionDef | ast.AsyncFunctio
     return node if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
 
 
-def _hollow(tree: ast.Module, qualname: str) -> list[str]:
-    """The module's top-level statements as AST dumps, the target's body replaced by `pass`."""
-    fn = _find(tree, qualname)
-    fn.body = [ast.Pass()]
+def _docstring(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.stmt]:
+    first = fn.body[0] if fn.body else None
+    is_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
+    return [first] if is_doc else []
+
+
+def _hollow(tree: ast.Module, qualname: str, keep_doc: bool) -> list[str]:
+    """The module's top-level statements as AST dumps, the target's body replaced by `pass`
+    (after its docstring when keep_doc: a docstring's doctests can be tests of the suite,
+    e.g. under --doctest-modules, and tests are never the agent's to change)."""
+    fn = find_function(tree, qualname)
+    fn.body = (_docstring(fn) if keep_doc else []) + [ast.Pass()]
     return [ast.dump(stmt) for stmt in tree.body]
 
 
@@ -83,20 +92,23 @@ def screen(task: Task, submitted: str, stubbed: str, original: str) -> Screen:
         tree = ast.parse(submitted)
     except (SyntaxError, ValueError) as e:
         return Screen([f"{task.module_path} does not parse: {e}"])
-    fn = _find(tree, task.qualname)
+    fn = find_function(tree, task.qualname)
     if fn is None:
         return Screen([f"{task.module_path} no longer defines {task.qualname}"])
     def_range = (min([fn.lineno] + [d.lineno for d in fn.decorator_list]), fn.end_lineno)
     flags = []
-    want = _hollow(ast.parse(stubbed), task.qualname)
-    got = _hollow(ast.parse(submitted), task.qualname)
+    stub_tree = ast.parse(stubbed)
+    doc = _docstring(find_function(stub_tree, task.qualname))
+    keep_doc = bool(doc) and ">>>" in doc[0].value.value   # holds doctests: fixed like the tests
+    want = _hollow(stub_tree, task.qualname, keep_doc)
+    got = _hollow(ast.parse(submitted), task.qualname, keep_doc)
     added = [s for s in got if s not in want]
     added_imports = [s for s in added if s.startswith(("Import(", "ImportFrom("))]
     if [s for s in got if s not in added_imports] != want:
         flags.append(f"{task.module_path} changed outside the body of {task.qualname} (only the body "
-                     "and new imports at the top may change)")
+                     "and new imports at the top may change; a docstring with doctests stays)")
     new_imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) and ast.dump(n) in added_imports]
-    ref_fn = _find(ast.parse(original), task.qualname)
+    ref_fn = find_function(ast.parse(original), task.qualname)
     allowed = _uses(ref_fn) if ref_fn is not None else set()
     bad = sorted((_uses(fn) | set().union(*map(_uses, new_imports))) - allowed)
     if bad:

@@ -88,6 +88,11 @@ def select_tasks(task_cfg: TaskConfig, seed: int, split_dir: str | Path, side: s
         tasks = load_tasks(tasks_file)
     except FileNotFoundError as e:
         raise ConfigError(str(e)) from None
+    if task_cfg.levels:
+        tasks = [t for t in tasks if t.level in task_cfg.levels]
+        if not tasks:
+            raise ConfigError(f"{tasks_file} holds no task of level(s) {task_cfg.levels}; "
+                              "`rlvr tasks info` lists its levels")
     if task_cfg.max_tasks:
         tasks = tasks[:task_cfg.max_tasks]
     if trained_split:

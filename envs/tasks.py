@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
+
+from rl.types import LEVELS, Level
 
 
 @dataclass
@@ -25,6 +27,12 @@ class Task:
     test_command: list[str]      # argv run in the checkout, e.g. ["python", "-m", "pytest", ...]
     problem_statement: str
     meta: dict = field(default_factory=dict)
+    level: Level = "body"        # what the stub removed (task files without it are whole-body stubs)
+    test_deps: list[str] = field(default_factory=list)   # pinned distributions of the test overlay
+
+    def __post_init__(self) -> None:
+        if self.level not in LEVELS:
+            raise ValueError(f"task {self.id}: unknown level {self.level!r} (one of {', '.join(LEVELS)})")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=False)
@@ -34,7 +42,8 @@ class Task:
         data = json.loads(text) if isinstance(text, str) else dict(text)
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
-        missing = {f.name for f in fields(cls) if f.name not in data and f.name != "meta"}
+        missing = {f.name for f in fields(cls) if f.name not in data
+                   and f.default is MISSING and f.default_factory is MISSING}
         if unknown or missing:
             raise ValueError(f"not a task record: missing {sorted(missing)}, unknown {sorted(unknown)}")
         return cls(**data)
@@ -50,7 +59,11 @@ class Task:
 
     def solved_source(self, stubbed_file: str) -> str:
         """Inverse of stubbed_source (the reference solution), used to check tasks end to end."""
-        return stubbed_file.replace(self.stub_body, self.original_body, 1)
+        lines = stubbed_file.splitlines(keepends=True)
+        n = self.stub_body.count("\n") or 1
+        if "".join(lines[self.body_start_line - 1:self.body_start_line - 1 + n]) != self.stub_body:
+            raise ValueError(f"task {self.id}: the stub is not at line {self.body_start_line} of {self.module_path}")
+        return "".join(lines[:self.body_start_line - 1]) + self.original_body + "".join(lines[self.body_start_line - 1 + n:])
 
 
 def load_tasks(path: str | Path) -> list[Task]:

@@ -12,6 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rl.paths import DEFAULT_WORK_ROOT
+from rl.types import Level
 
 DEFAULT_MODEL = "default"  # resolved by rl.default_model to the converted SmolLM2-135M folder
 SERVED_MODEL = "policy"    # the model name scaffolds ask the policy server for (it serves one policy)
@@ -111,6 +112,8 @@ class TaskConfig(Section):
     library: str = "toolz"
     train_fraction: float = Field(0.8, gt=0, lt=1)
     max_tasks: int | None = Field(None, ge=1)
+    levels: list[Level] | None = Field(None, description="keep only tasks of these difficulty levels "
+                                       "(a task file's `level`; None keeps all)")
 
 
 class EnvConfig(Section):

@@ -2,6 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Literal, get_args
+
+# a coding task's difficulty level, hardest first (envs/stubs.py says what each stub removes)
+Level = Literal["body", "last_lines", "branch", "return", "statement"]
+LEVELS: tuple[str, ...] = get_args(Level)
 
 
 @dataclass

@@ -14,6 +14,7 @@ end-of-turn token is in the loss.
 """
 from __future__ import annotations
 
+import ast
 import json
 import random
 import re
@@ -21,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from envs.coding_env import INSIDE_REPO, CodingEnv
+from envs.screen import find_function
 from envs.tasks import Task
 from envs.tools import PI_TOOLS
 from scaffolds.system_prompt import render_system_prompt
@@ -59,6 +61,15 @@ def def_line(task: Task, stubbed: str) -> int:
         if re.match(rf"\s*(async\s+)?def\s+{re.escape(name)}\b", lines[i]):
             return i + 1
     return max(1, task.body_start_line - 1)
+
+
+def function_end(task: Task, stubbed: str) -> int:
+    """1-based last line of the stubbed function (for a partial stub, the code after the hole too)."""
+    try:
+        fn = find_function(ast.parse(stubbed), task.qualname)
+    except SyntaxError:
+        fn = None
+    return fn.end_lineno if fn is not None else task.body_start_line + task.stub_body.count("\n") - 1
 
 
 def wrong_bodies(task: Task, original_file: str) -> list[str]:
@@ -143,9 +154,8 @@ def build_demonstration(task: Task, env_cfg, uid: int, seed: int, recovery: bool
             cmd = rng.choice([f"grep -n 'def {name}' {path}", f"ls {Path(path).parent or '.'}"])
             ep.call(rng.choice(OPENERS), "bash", {"command": cmd})
         start = def_line(task, stubbed)
-        stub_lines = task.stub_body.count("\n")
         offset = max(1, start - rng.randint(0, 3))
-        limit = (task.body_start_line + stub_lines - offset) + rng.randint(2, 8)
+        limit = (function_end(task, stubbed) + 1 - offset) + rng.randint(2, 8)
         ep.call(rng.choice(READ_LINES), "read", {"path": path, "offset": offset, "limit": limit})
         old = task.stub_body.rstrip("\n")
         test_cmd = _test_command(task, rng)

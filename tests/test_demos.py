@@ -9,7 +9,8 @@ import re
 import pytest
 
 from envs.coding_env import CodingEnv
-from scaffolds.demos import build_demonstration, unique_old_text
+from envs.tasks import SHIPPED_TASKS, load_tasks
+from scaffolds.demos import build_demonstration, function_end, unique_old_text
 from tests.envs_fixtures import env_cfg, toolz_tasks
 
 UID = 63700
@@ -55,3 +56,17 @@ def test_unique_old_text_widens_to_the_target_occurrence():
     text = "def a():\n    return None\n\n\ndef b(x):\n    return None\n"
     assert unique_old_text(text, "    return None", 6) == "def b(x):\n    return None"
     assert unique_old_text(text, "def b(x):", 5) == "def b(x):"
+
+
+@pytest.mark.parametrize("level", ["last_lines", "branch", "return", "statement"])
+def test_demonstrations_of_partial_stubs(level):
+    """A partial stub's edit replaces the marked hole with the removed code: the reward is 1.0,
+    and the read window shows the whole function, the code after the hole included."""
+    task = next(t for t in load_tasks(SHIPPED_TASKS / "toolz-levels.jsonl") if t.level == level)
+    demo = build_demonstration(task, env_cfg(), uid=UID, seed=0, recovery=level == "branch")
+    assert demo is not None and demo.reward == 1.0, demo and demo.notes
+    reads = [json.loads(c["function"]["arguments"]) for m in demo.messages for c in m.get("tool_calls") or []
+             if c["function"]["name"] == "read"]
+    with CodingEnv(task, env_cfg().work_root, env_cfg(), uid=UID + 1) as env:
+        end = function_end(task, (env.checkout / task.module_path).read_text())
+    assert reads and reads[0]["offset"] + reads[0]["limit"] > end

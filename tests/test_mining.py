@@ -64,7 +64,7 @@ def test_candidate_filters(tmp_path):
     (pkg / "test_mod.py").write_text("def test_real():\n    a = 1\n    assert a\n")
     cands = function_candidates(tmp_path, ["pkg"])
     by_name = {c.qualname: c for c in cands}
-    assert set(by_name) == {"short", "real"}         # one-liners, methods and test files are not candidates
+    assert set(by_name) == {"short", "real", "C.method"}   # one-liners and test files are not candidates
     assert by_name["real"].body == "    y = x + 1\n    return y\n"
 
 

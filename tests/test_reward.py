@@ -143,3 +143,20 @@ def test_exiting_the_test_process_early_earns_nothing(merge_task):
         replace_body(env, "    import os\n    os._exit(0)\n")
         r = env.reward()
     assert r.reward == 0.0 and r.error, r
+
+
+@pytest.mark.parametrize("level", ["last_lines", "branch", "return", "statement"])
+def test_partial_stubs_score_like_whole_body_stubs(level):
+    """At every level: the untouched stub scores 0, the removed code put back scores 1.0, and a
+    rewrite of the whole function (not only the hole) is still the target function's body."""
+    from envs.tasks import SHIPPED_TASKS, load_tasks
+    task = next(t for t in load_tasks(SHIPPED_TASKS / "toolz-levels.jsonl") if t.level == level)
+    with episode(task) as env:
+        assert env.reward().reward == 0.0
+        replace_body(env, task.original_body)
+        r = env.reward()
+        assert r.reward == 1.0 and not r.flags, (r.error, r.flags)
+    with episode(task) as env:   # the hole filled with a wrong line: the F2P tests fail
+        replace_body(env, task.stub_body.replace("raise NotImplementedError(", "print(", 1))
+        r = env.reward()
+        assert r.reward < 1.0 and not r.flags, (r.reward, r.error, r.flags)
