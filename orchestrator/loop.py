@@ -1,8 +1,9 @@
 """The step loop: roll out, score, learn, sync, probe, log, checkpoint.
 
 Nothing here holds state that a checkpoint does not: a run directory plus its config is
-enough to resume. One step, as data: groups of episodes from the rollout workers (tying groups
-replaced, with dynamic sampling: orchestrator/sampling.py) -> group-relative advantages -> one learner update -> weight sync -> parity probe.
+enough to resume. One step, as data: groups of episodes from the rollout workers (tying
+groups replaced, with dynamic sampling: orchestrator/sampling.py) -> group-relative
+advantages -> one learner update -> weight sync -> parity probe.
 """
 from __future__ import annotations
 
@@ -96,7 +97,8 @@ class Trainer:
         with timed("rollout", timings):
             sampled = collect_step(step, self.rollouts, self.store, self.cfg)
         _refuse_all_failed(step, [e for g in sampled.groups.values() for e in g])
-        samples, stats = self._to_samples([e for g in sampled.kept for e in sampled.train[g]])
+        samples = self._to_samples([e for g in sampled.kept for e in sampled.train[g]])
+        stats = _episode_stats([e for g in sampled.train.values() for e in g])
         ray.get([w.sleep.remote() for w in self.workers])
         with timed("learn", timings):
             learn = self._learn(step, samples)
@@ -119,29 +121,32 @@ class Trainer:
               f"update skipped", flush=True)
         return {}
 
-    def _to_samples(self, episodes: list[Episode]) -> tuple[list[TrainSample], dict]:
+    def _to_samples(self, episodes: list[Episode]) -> list[TrainSample]:
         """Advantages and training samples from the kept groups' episodes (training rewards)."""
-        if not episodes:
-            return [], {"reward_mean": 0.0, "reward_std": 0.0}
-        rewards = [e.reward for e in episodes]
-        gids = [e.group_id for e in episodes]
-        advantages = group_advantages(rewards, gids)
+        advantages = group_advantages([e.reward for e in episodes], [e.group_id for e in episodes])
         samples = [TrainSample(s.token_ids, s.loss_mask, s.logprobs, advantage=a, group_id=e.group_id)
                    for e, a in zip(episodes, advantages) for s in e.sequences]
         if self.cfg.learner.beta == 0:  # zero advantage, no KL term: exactly zero gradient
             samples = [s for s in samples if s.advantage != 0]
-        records = [e.record for e in episodes]
-        stats = {"reward_mean": statistics.fmean(rewards),
-                 "reward_std": statistics.pstdev(rewards),
-                 "clipped_ratio": statistics.fmean(float(r.clipped) for r in records)}
-        agentic = [r for r in records if r.agentic]
-        if agentic:
-            calls = sum(r.tool_calls for r in agentic)
-            stats["tools/failure_frequency"] = sum(r.tool_failures for r in agentic) / max(calls, 1)
-            stats["frac_edited"] = statistics.fmean(float(bool(r.edited)) for r in agentic)
-            stats["turns_mean"] = statistics.fmean(r.turns for r in agentic)
-            stats["reward/flagged_episodes"] = sum(bool(r.reward_flags) for r in agentic)
-        return samples, stats
+        return samples
+
+
+def _episode_stats(episodes: list[Episode]) -> dict:
+    """Reward and behaviour of every episode the step sampled (training rewards, masked ones out)."""
+    if not episodes:
+        return {}
+    rewards = [e.reward for e in episodes]
+    records = [e.record for e in episodes]
+    stats = {"reward_mean": statistics.fmean(rewards), "reward_std": statistics.pstdev(rewards),
+             "clipped_ratio": statistics.fmean(float(r.clipped) for r in records)}
+    agentic = [r for r in records if r.agentic]
+    if agentic:
+        calls = sum(r.tool_calls for r in agentic)
+        stats["tools/failure_frequency"] = sum(r.tool_failures for r in agentic) / max(calls, 1)
+        stats["frac_edited"] = statistics.fmean(float(bool(r.edited)) for r in agentic)
+        stats["turns_mean"] = statistics.fmean(r.turns for r in agentic)
+        stats["reward/flagged_episodes"] = sum(bool(r.reward_flags) for r in agentic)
+    return stats
 
 
 def _refuse_all_failed(step: int, episodes: list[Episode]) -> None:
