@@ -110,7 +110,8 @@ def collect_step(step: int, rollouts: Rollouts, store: EpisodeStore, cfg: RunCon
             need = cfg.trainer.batch_size - sum(not ties(train[g], ds.tie_tolerance) for g in order)
             if need <= 0:
                 break
-            batch, used = extras[used:used + need], used + min(need, len(extras) - used)
+            batch = extras[used:used + need]
+            used += len(batch)
             print(f"[rlvr] step {step}: {need} group(s) short of variance; sampling {len(batch)} more "
                   f"({used}/{len(extras)} extra)", flush=True)
             run(batch)
