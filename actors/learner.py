@@ -22,7 +22,7 @@ import torch.distributed as dist
 from rl.config import LearnerConfig, ModelConfig
 from rl.fast_kernels import enable_fast_kernels
 from rl.fused_logprob import chunked_target_logprobs, naive_target_logprobs
-from rl.grpo import grpo_token_loss
+from rl.grpo import grpo_token_loss, sequence_weights
 from rl.learner_memory import (
     linear_attention_segments,
     peak_memory_gib,
@@ -164,24 +164,27 @@ class Learner:
         start = time.perf_counter()
         reset_peak_memory(self.device)
         cfg = self.cfg
-        local_tokens = sum(sum(s.loss_mask) for s in samples)
-        total_tokens = int(self._all_reduce(torch.tensor([float(local_tokens)], device=self.device)).item())
+        trained = [s for s in samples if sum(s.loss_mask)]
+        counts = [sum(s.loss_mask[1:]) for s in trained]  # targets: a sample's first token is never one
+        totals = self._all_reduce(torch.tensor([float(sum(counts)), float(len(trained))], device=self.device))
+        total_tokens, total_seqs = int(totals[0].item()), int(totals[1].item())
         if total_tokens == 0:
             raise ValueError("train_step got no trained tokens (every loss_mask is all zeros)")
+        weights = {id(s): w for s, w in zip(trained, sequence_weights(counts, cfg.loss_agg, total_tokens,
+                                                                      total_seqs))}
         for p in self.params:  # a rank with no local tokens still all-reduces (zero) gradients
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         self.optimizer.zero_grad(set_to_none=False)
-        # fp32 sums: loss, clipped tokens, ratio, kl
-        stats = torch.zeros(4, dtype=torch.float64, device=self.device)
+        # fp64 sums: weighted loss, clipped tokens, ratio, kl, IS weight, IS-capped tokens
+        stats = torch.zeros(6, dtype=torch.float64, device=self.device)
         with linear_attention_segments(cfg.linear_attn_segment_tokens):
-            trained = [s for s in samples if sum(s.loss_mask)]
             if cfg.pack_samples:
                 for batch in packed_micro_batches(trained, cfg.micro_batch_tokens):
-                    stats += self._packed_micro_step(batch, total_tokens)
+                    stats += self._packed_micro_step(batch, [weights[id(s)] for s in batch])
             else:
                 for batch in micro_batches(trained, cfg.micro_batch_tokens):
-                    stats += self._micro_step(batch, total_tokens)
+                    stats += self._micro_step(batch, [weights[id(s)] for s in batch])
         self._all_reduce(stats)
         grads = [p.grad for p in self.params]
         if self.world_size > 1:
@@ -200,7 +203,7 @@ class Learner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         out = {
-            "loss": stats[0].item() / total_tokens,
+            "loss": stats[0].item(),
             "grad_norm": float(grad_norm),
             "clip_frac": stats[1].item() / total_tokens,
             "ratio_mean": stats[2].item() / total_tokens,
@@ -210,9 +213,12 @@ class Learner:
         }
         if cfg.beta > 0:
             out["kl"] = stats[3].item() / total_tokens
+        if cfg.tis_cap is not None:
+            out["tis_weight_mean"] = stats[4].item() / total_tokens
+            out["tis_capped_frac"] = stats[5].item() / total_tokens
         return out
 
-    def _micro_step(self, batch: list[TrainSample], total_tokens: int) -> torch.Tensor:
+    def _micro_step(self, batch: list[TrainSample], weights: list[float]) -> torch.Tensor:
         cfg = self.cfg
         length = max(len(s.token_ids) for s in batch)
         ids = torch.zeros(len(batch), length, dtype=torch.long)
@@ -220,6 +226,7 @@ class Learner:
         mask = torch.zeros(len(batch), length, dtype=torch.bool)
         old = torch.zeros(len(batch), length, dtype=torch.float32)
         adv = torch.zeros(len(batch), length, dtype=torch.float32)
+        wt = torch.zeros(len(batch), length, dtype=torch.float32)
         for b, s in enumerate(batch):
             n = len(s.token_ids)
             ids[b, :n] = torch.tensor(s.token_ids)
@@ -227,6 +234,7 @@ class Learner:
             mask[b, :n] = torch.tensor(s.loss_mask, dtype=torch.bool)
             old[b, :n] = torch.tensor(s.logprobs, dtype=torch.float32)
             adv[b, :n] = s.advantage
+            wt[b, :n] = weights[b]
         ids, attn = ids.to(self.device), attn.to(self.device)
         sel = mask[:, 1:].to(self.device)  # target i is predicted from position i-1
         targets = ids[:, 1:][sel]
@@ -239,15 +247,22 @@ class Learner:
         hidden = self._hidden(ids, attn if len(batch) > 1 else None)[:, :-1][sel]
         logp = self._target_logprobs(hidden, targets)
         tl = grpo_token_loss(logp, old[:, 1:][mask[:, 1:]], adv[:, 1:][mask[:, 1:]],
-                             cfg.clip_eps_low, cfg.clip_eps_high, cfg.beta, ref_logp)
-        (tl.loss.sum() / total_tokens).backward()
-        kl_sum = tl.kl.sum() if tl.kl is not None else torch.zeros((), device=self.device)
-        return torch.stack([tl.loss.detach().sum(), tl.clipped.sum(), tl.ratio.sum(), kl_sum]).double()
+                             cfg.clip_eps_low, cfg.clip_eps_high, cfg.beta, ref_logp, cfg.tis_cap)
+        return self._backward(tl, wt[:, 1:][mask[:, 1:]].to(self.device))
 
-    def _packed_micro_step(self, batch: list[TrainSample], total_tokens: int) -> torch.Tensor:
+    def _backward(self, tl, token_weights: torch.Tensor) -> torch.Tensor:
+        """Backward of this micro-batch's share of the batch loss; returns its stat sums."""
+        (tl.loss * token_weights).sum().backward()
+        zero = torch.zeros((), device=self.device)
+        return torch.stack([(tl.loss.detach() * token_weights).sum(), tl.clipped.sum(), tl.ratio.sum(),
+                            tl.kl.sum() if tl.kl is not None else zero,
+                            tl.is_weight.sum() if tl.is_weight is not None else zero,
+                            tl.is_capped.sum() if tl.is_capped is not None else zero]).double()
+
+    def _packed_micro_step(self, batch: list[TrainSample], weights: list[float]) -> torch.Tensor:
         """_micro_step on one packed row (rl.packing): no pad tokens, per-sample boundaries kept."""
         cfg = self.cfg
-        row = {k: v.to(self.device) for k, v in pack(batch).items()}
+        row = {k: v.to(self.device) for k, v in pack(batch, weights).items()}
         sel = row["mask"][:, 1:]
         targets = row["ids"][:, 1:][sel]
         with packed_rows(row["cu_seqlens"]):
@@ -259,10 +274,8 @@ class Learner:
             hidden = self._hidden(row["ids"], None, row["positions"])[:, :-1][sel]
             logp = self._target_logprobs(hidden, targets)
             tl = grpo_token_loss(logp, row["old"][:, 1:][sel], row["adv"][:, 1:][sel],
-                                 cfg.clip_eps_low, cfg.clip_eps_high, cfg.beta, ref_logp)
-            (tl.loss.sum() / total_tokens).backward()  # the recompute in backward needs the boundaries too
-        kl_sum = tl.kl.sum() if tl.kl is not None else torch.zeros((), device=self.device)
-        return torch.stack([tl.loss.detach().sum(), tl.clipped.sum(), tl.ratio.sum(), kl_sum]).double()
+                                 cfg.clip_eps_low, cfg.clip_eps_high, cfg.beta, ref_logp, cfg.tis_cap)
+            return self._backward(tl, row["w"][:, 1:][sel])  # the recompute in backward needs the boundaries too
 
     @torch.no_grad()
     def sequence_logprobs(self, token_ids: list[int]) -> list[float]:

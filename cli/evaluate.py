@@ -19,8 +19,15 @@ def register(sub) -> None:
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.k=3 eval.max_tasks=5")
     p.set_defaults(func=eval_command)
 
-    r = sub.add_parser("eval-report", help="recompute an evaluation's summary, table and plot from its raw records")
-    r.add_argument("out_dir")
+    r = sub.add_parser("eval-report", help="recompute an evaluation's summary, table and plot from its raw "
+                                           "records; with several, the verdict comparing the policies")
+    r.add_argument("eval_dirs", nargs="+", metavar="EVAL_DIR", help="evaluation out dirs (same held-out tasks)")
+    r.add_argument("--names", help="comma-separated policy names, one per EVAL_DIR (default: the dir names)")
+    r.add_argument("--start", help="the starting policy (default: the first)")
+    r.add_argument("--trained", help="the trained policy (default: the last)")
+    r.add_argument("--train-run", help="the trained policy's run dir: its sampled episodes set the matched count")
+    r.add_argument("--train-rollouts", type=int, help="episodes training sampled (instead of --train-run)")
+    r.add_argument("--out", help="verdict folder (default: the last EVAL_DIR's parent / verdict)")
     r.set_defaults(func=report_command)
 
 
@@ -72,6 +79,21 @@ def eval_command(args) -> int:
 
 
 def report_command(args) -> int:
-    summary = write_report(args.out_dir)
-    print(render_markdown(summary))
+    if len(args.eval_dirs) == 1:
+        summary = write_report(args.eval_dirs[0])
+        print(render_markdown(summary))
+        return 0
+    from orchestrator.verdict import render, train_rollouts, write_verdict
+
+    names = args.names.split(",") if args.names else [Path(d).name for d in args.eval_dirs]
+    rollouts = args.train_rollouts
+    if args.train_run:
+        rollouts = train_rollouts(args.train_run)
+    out = Path(args.out or Path(args.eval_dirs[-1]).parent / "verdict")
+    try:
+        verdict = write_verdict(args.eval_dirs, names, out, args.start, args.trained, rollouts)
+    except (ValueError, FileNotFoundError) as e:
+        raise ConfigError(str(e)) from None
+    print(render(verdict))
+    print(f"[rlvr eval-report] verdict.json, verdict.md, verdict.png in {out}")
     return 0

@@ -1,5 +1,6 @@
 """Train/test firewall: the split is written once, at the training entry point, and
-evaluation refuses any task the run trained on."""
+evaluation refuses any task the run trained on. A band file (written by `rlvr calibrate`
+from the training side only) narrows the training side to tasks of a measured pass rate."""
 from __future__ import annotations
 
 import json
@@ -75,6 +76,43 @@ def assert_not_trained_on(run_dir: str | Path, task_ids: list[str]) -> None:
                              f"e.g. {overlap[0]}; evaluate only its held-out tasks (split.json 'test')")
 
 
+def write_band(path: str | Path, band: dict) -> None:
+    """band: {"tasks": [ids], "lo", "hi", "k", "per_task": {...}}; written atomically."""
+    path = Path(path)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(band, indent=1))
+    tmp.replace(path)
+
+
+def load_band(path: str | Path) -> list[str]:
+    """The task ids of a band file, with a clear error for a missing or malformed one."""
+    try:
+        band = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"task.band_file {path} does not exist (write it with `rlvr calibrate`)") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"task.band_file {path} is not JSON: {e}") from None
+    if not isinstance(band, dict) or not isinstance(band.get("tasks"), list):
+        raise ConfigError(f"task.band_file {path} has no 'tasks' list; write it with `rlvr calibrate`")
+    return [str(t) for t in band["tasks"]]
+
+
+def in_band(train_ids: list[str], band_file: str | Path) -> list[str]:
+    """The training ids in the band, in split order; a band task off the training side is refused
+    (it would train on a held-out task), and so is an empty band."""
+    band = load_band(band_file)
+    outside = sorted(set(band) - set(train_ids))
+    if outside:
+        raise ConfigError(f"task.band_file {band_file} holds {len(outside)} task(s) that are not on this run's "
+                          f"training side, e.g. {outside[0]}; calibrate with this run's split (rlvr calibrate "
+                          "--run-dir RUN)")
+    chosen = [i for i in train_ids if i in set(band)]
+    if not chosen:
+        raise ConfigError(f"task.band_file {band_file} holds no task: no training task's pass rate fell in the "
+                          "band; widen calibrate.lo / calibrate.hi or warm-start the policy first")
+    return chosen
+
+
 def select_tasks(task_cfg: TaskConfig, seed: int, split_dir: str | Path, side: str,
                  trained_split: bool = False) -> list[Task]:
     """The one task selector: one side ("train" | "test") of a run's split, in split order.
@@ -102,6 +140,8 @@ def select_tasks(task_cfg: TaskConfig, seed: int, split_dir: str | Path, side: s
     else:
         split = write_split(split_dir, tasks, task_cfg.train_fraction, seed)
     ids = split.train if side == "train" else split.test
+    if side == "train" and task_cfg.band_file:
+        ids = in_band(ids, task_cfg.band_file)
     by_id = {t.id: t for t in tasks}
     missing = [i for i in ids if i not in by_id]
     if missing:

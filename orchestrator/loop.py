@@ -1,8 +1,9 @@
 """The step loop: roll out, score, learn, sync, probe, log, checkpoint.
 
 Nothing here holds state that a checkpoint does not: a run directory plus its config is
-enough to resume. One step, as data: groups of episodes from the rollout workers ->
-group-relative advantages -> one learner update -> weight sync -> parity probe.
+enough to resume. One step, as data: groups of episodes from the rollout workers (tying
+groups replaced, with dynamic sampling: orchestrator/sampling.py) -> group-relative
+advantages -> one learner update -> weight sync -> parity probe.
 """
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ from orchestrator.plots import plot_reward_curve
 from orchestrator.rollouts.agentic import AgenticRollouts
 from orchestrator.rollouts.base import Episode, Rollouts
 from orchestrator.rollouts.length import LengthRollouts
+from orchestrator.sampling import collect_step
 from orchestrator.weight_sync import WeightSync, make_weight_sync
 from rl.config import RunConfig, dump_config
 from rl.default_model import resolve_model_path
-from rl.grpo import frac_zero_std_groups, group_advantages
+from rl.grpo import group_advantages
 from rl.types import TrainSample
 
 
@@ -99,10 +101,10 @@ class Trainer:
         """One GRPO step, as named phases; each phase's wall time lands in the metrics."""
         timings: dict[str, float] = {}
         with timed("rollout", timings):
-            groups, reused = self._collect(step)
-        episodes = [e for g in groups.values() for e in g]
-        _refuse_all_failed(step, episodes)
-        samples, stats = self._to_samples(episodes)
+            sampled = collect_step(step, self.rollouts, self.store, self.cfg)
+        _refuse_all_failed(step, [e for g in sampled.groups.values() for e in g])
+        samples = self._to_samples([e for g in sampled.kept for e in sampled.train[g]])
+        stats = _episode_stats([e for g in sampled.train.values() for e in g])
         ray.get([w.sleep.remote() for w in self.workers])
         with timed("learn", timings):
             learn = self._learn(step, samples)
@@ -112,10 +114,11 @@ class Trainer:
                 self.weight_sync.sync(self.learner, self.workers, step)
         with timed("probe", timings):
             gap = self._probe(f"after {'sync' if learn else 'wake'} at step {step}")
-        fresh = [e.record for gid, g in groups.items() if gid not in reused for e in g]
+        fresh = [e.record for gid, g in sampled.groups.items() if gid not in sampled.reused for e in g]
         gen_tokens = sum(r.tokens for r in fresh)
-        return {**stats, **{f"learner/{k}": v for k, v in learn.items()}, "loss": learn.get("loss"),
-                "gen_tokens": gen_tokens, "gen_tokens_per_s": gen_tokens / max(timings["time_rollout_s"], 1e-9),
+        return {**stats, **sampled.metrics(), **{f"learner/{k}": v for k, v in learn.items()},
+                "loss": learn.get("loss"), "gen_tokens": gen_tokens,
+                "gen_tokens_per_s": gen_tokens / max(timings["time_rollout_s"], 1e-9),
                 **timings, **step_time_budget(fresh, timings["time_rollout_s"], timings),
                 "parity_gap": gap, "train_samples": len(samples)}
 
@@ -127,45 +130,32 @@ class Trainer:
               f"update skipped", flush=True)
         return {}
 
-    def _collect(self, step: int) -> tuple[dict[str, list[Episode]], set[str]]:
-        """Groups of this step: the ones a killed run already finished (also returned as a
-        set of ids), plus the rest, rolled out now."""
-        specs = self.rollouts.group_specs(step)
-        done = self.store.load_groups(step)
-        reused = set(done)
-        missing = [s for s in specs if s.group_id not in done]
-        if done:
-            print(f"[rlvr] step {step}: reusing {len(done)} finished group(s), rolling out {len(missing)}", flush=True)
-
-        def on_group_done(episodes: list[Episode]) -> None:
-            self.store.append_group(step, episodes)
-            done[episodes[0].group_id] = episodes
-
-        if missing:
-            self.rollouts.run_groups(missing, step, on_group_done)
-        return {s.group_id: done[s.group_id] for s in specs}, reused
-
-    def _to_samples(self, episodes: list[Episode]) -> tuple[list[TrainSample], dict]:
-        rewards = [e.reward for e in episodes]
-        gids = [e.group_id for e in episodes]
-        advantages = group_advantages(rewards, gids)
+    def _to_samples(self, episodes: list[Episode]) -> list[TrainSample]:
+        """Advantages and training samples from the kept groups' episodes (training rewards)."""
+        advantages = group_advantages([e.reward for e in episodes], [e.group_id for e in episodes])
         samples = [TrainSample(s.token_ids, s.loss_mask, s.logprobs, advantage=a, group_id=e.group_id)
                    for e, a in zip(episodes, advantages) for s in e.sequences]
         if self.cfg.learner.beta == 0:  # zero advantage, no KL term: exactly zero gradient
             samples = [s for s in samples if s.advantage != 0]
-        records = [e.record for e in episodes]
-        stats = {"reward_mean": statistics.fmean(rewards),
-                 "reward_std": statistics.pstdev(rewards),
-                 "frac_reward_zero_std": frac_zero_std_groups(rewards, gids),
-                 "clipped_ratio": statistics.fmean(float(r.clipped) for r in records)}
-        agentic = [r for r in records if r.agentic]
-        if agentic:
-            calls = sum(r.tool_calls for r in agentic)
-            stats["tools/failure_frequency"] = sum(r.tool_failures for r in agentic) / max(calls, 1)
-            stats["frac_edited"] = statistics.fmean(float(bool(r.edited)) for r in agentic)
-            stats["turns_mean"] = statistics.fmean(r.turns for r in agentic)
-            stats["reward/flagged_episodes"] = sum(bool(r.reward_flags) for r in agentic)
-        return samples, stats
+        return samples
+
+
+def _episode_stats(episodes: list[Episode]) -> dict:
+    """Reward and behaviour of every episode the step sampled (training rewards, masked ones out)."""
+    if not episodes:
+        return {}
+    rewards = [e.reward for e in episodes]
+    records = [e.record for e in episodes]
+    stats = {"reward_mean": statistics.fmean(rewards), "reward_std": statistics.pstdev(rewards),
+             "clipped_ratio": statistics.fmean(float(r.clipped) for r in records)}
+    agentic = [r for r in records if r.agentic]
+    if agentic:
+        calls = sum(r.tool_calls for r in agentic)
+        stats["tools/failure_frequency"] = sum(r.tool_failures for r in agentic) / max(calls, 1)
+        stats["frac_edited"] = statistics.fmean(float(bool(r.edited)) for r in agentic)
+        stats["turns_mean"] = statistics.fmean(r.turns for r in agentic)
+        stats["reward/flagged_episodes"] = sum(bool(r.reward_flags) for r in agentic)
+    return stats
 
 
 def _refuse_all_failed(step: int, episodes: list[Episode]) -> None:

@@ -16,10 +16,14 @@ def plot_reward_curve(run_dir: str | Path) -> Path | None:
         return None
     steps = [r["step"] for r in records]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
-    mean = [r["reward_mean"] for r in records]
-    std = [r["reward_std"] for r in records]
+    mean = [r.get("reward_mean", float("nan")) for r in records]
+    std = [r.get("reward_std", float("nan")) for r in records]
     axes[0].plot(steps, mean, marker="o", label="reward mean")
     axes[0].fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
+    if any("band/reward_mean" in r for r in records):
+        axes[0].plot(steps, [r.get("band/reward_mean", float("nan")) for r in records], marker="s", ls="--",
+                     label="band reward mean (fixed draws)")
+        axes[0].legend(fontsize=8)
     axes[0].set_xlabel("step"); axes[0].set_ylabel("reward"); axes[0].set_title("reward (served policy samples)")
     for key in ("frac_edited", "tools/failure_frequency", "clipped_ratio", "frac_reward_zero_std"):
         if any(key in r for r in records):

@@ -78,7 +78,19 @@ class LearnerConfig(Section):
     logit_chunk_tokens: int = Field(1024, ge=16, description="tokens per LM-head chunk in the fused loss")
     micro_batch_tokens: int = Field(4096, ge=16, description="token budget of one forward/backward")
     clip_eps_low: float = Field(0.2, ge=0)
-    clip_eps_high: float = Field(0.28, ge=0)
+    clip_eps_high: float = Field(0.28, ge=0, description="epsilon_high (clip-higher, DAPO); = clip_eps_low is "
+                                                          "the symmetric PPO clip")
+    loss_agg: Literal["token_mean", "seq_mean"] = Field(
+        "token_mean", description="token_mean: every trained token of the batch weighs the same (DAPO); "
+                                  "seq_mean: mean over each sequence's tokens, then over sequences (original GRPO)")
+    tis_cap: float | None = Field(
+        None, ge=1, description="truncated importance sampling: the PPO ratio is taken against the learner's "
+                                "own log-probs and each token is weighted by min(p_learner / p_served, tis_cap); "
+                                "None: the ratio is taken against the served log-probs (no correction)")
+    mask_episodes: list[Literal["truncated", "wall_clock", "max_turns"]] = Field(
+        [], description="episodes that ended this way are left out of their group (neither trained nor part "
+                        "of the baseline) instead of counting as failures; truncated = a model call or the "
+                        "episode token budget ran out")
     beta: float = Field(0.0, ge=0, description="KL coefficient; 0 = no reference model")
     gradient_checkpointing: bool = True
     activation_offload: bool = Field(False, description="keep checkpointed layer inputs in host memory (needs gradient_checkpointing)")
@@ -114,6 +126,11 @@ class TaskConfig(Section):
     max_tasks: int | None = Field(None, ge=1)
     levels: list[Level] | None = Field(None, description="keep only tasks of these difficulty levels "
                                        "(a task file's `level`; None keeps all)")
+    band_file: str | None = Field(None, description="band.json written by `rlvr calibrate`: train only on its "
+                                                    "tasks (all of them must be on the training side of the split)")
+    reward_mode: Literal["partial", "binary"] = Field(
+        "partial", description="partial: share of FAIL_TO_PASS tests passing, 0 on a PASS_TO_PASS regression; "
+                               "binary: 1.0 only on a full pass, else 0")
 
 
 class EnvConfig(Section):
@@ -139,6 +156,13 @@ class ScaffoldConfig(Section):
     wall_clock_s: float = Field(300.0, gt=0)
 
 
+class DynamicSamplingConfig(Section):
+    """DAPO dynamic sampling: groups whose rewards all tie carry no gradient and are replaced."""
+    enabled: bool = Field(False, description="replace tying groups with fresh groups of other tasks")
+    max_extra_groups: int = Field(8, ge=0, description="extra groups a step may sample beyond batch_size")
+    tie_tolerance: float = Field(1e-6, ge=0, description="a group ties when max - min reward <= this")
+
+
 class TrainerConfig(Section):
     steps: int = Field(10, ge=1)
     batch_size: int = Field(4, ge=1, description="prompts (tasks) per step")
@@ -146,6 +170,7 @@ class TrainerConfig(Section):
     seed: int = 0
     checkpoint_every: int = Field(1, ge=1)
     run_dir: str = "runs/default"
+    dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
 
 
 class RayConfig(Section):
@@ -161,6 +186,22 @@ class EvalConfig(Section):
     max_tasks: int | None = Field(None, ge=1)
     parallel: int | None = Field(None, ge=1, description="episodes at once; default: every env slot")
     model_id: str = Field(SERVED_MODEL, description="model name the scaffold asks the policy server for")
+
+
+class CalibrateConfig(Section):
+    """`rlvr calibrate`: k episodes per training task -> pass rates -> the band to train on."""
+    k: int = Field(8, ge=1, description="episodes per task")
+    scaffold: Literal["native", "pi"] = "pi"
+    lo: float = Field(0.1, ge=0, le=1, description="band: lowest pass rate kept")
+    hi: float = Field(0.9, ge=0, le=1, description="band: highest pass rate kept")
+    max_tasks: int | None = Field(None, ge=1, description="calibrate only the first N training tasks")
+    parallel: int | None = Field(None, ge=1, description="episodes at once; default: every env slot")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "CalibrateConfig":
+        if self.lo > self.hi:
+            raise ValueError(f"calibrate.lo={self.lo} is above calibrate.hi={self.hi}")
+        return self
 
 
 class WarmStartConfig(Section):
@@ -199,6 +240,7 @@ class RunConfig(Section):
     trainer: TrainerConfig = TrainerConfig()
     ray: RayConfig = RayConfig()
     eval: EvalConfig = EvalConfig()
+    calibrate: CalibrateConfig = CalibrateConfig()
     warm_start: WarmStartConfig = WarmStartConfig()
 
     @model_validator(mode="after")

@@ -13,8 +13,16 @@ The algorithm, as this project runs it:
    (asymmetric clip, eps_high > eps_low).
 5. Optional KL to the reference (k3 estimator) with weight beta; beta = 0 (the default)
    loads no reference model.
-6. The loss is summed over trained tokens and divided by the number of trained tokens in
-   the whole batch (all micro-batches and ranks), so every token weighs the same.
+6. Aggregation (learner.loss_agg): "token_mean" (the default, DAPO) sums the loss over trained
+   tokens and divides by the number of trained tokens in the whole batch (all micro-batches
+   and ranks), so every token weighs the same; "seq_mean" (original GRPO) averages each
+   sequence's tokens, then the sequences, so a long sequence weighs as much as a short one.
+7. Optional truncated importance sampling (learner.tis_cap = C): the served engine's log-probs
+   differ slightly from the learner's for the same weights. With C set, the PPO ratio is taken
+   against the learner's own (detached) log-probs -- one update per batch, so it is 1 and the
+   clip is inactive -- and each token is weighted by min(p_learner / p_served, C), detached.
+   Without it the ratio is taken against the served log-probs, so the mismatch shows up as
+   ratio noise and clipping.
 
 Kept free of model code so the same functions serve the naive and the chunked loss paths
 and can be tested on hand-made numbers.
@@ -57,22 +65,43 @@ def group_advantages(rewards: list[float], group_ids: list[str], eps: float = 1e
     return out
 
 
-def frac_zero_std_groups(rewards: list[float], group_ids: list[str]) -> float:
-    """Share of groups whose rewards are all equal (no GRPO signal); 0.0 for no groups."""
-    groups = _groups(rewards, group_ids)
-    if not groups:
-        return 0.0
-    flat = sum(1 for idx in groups.values() if len({float(rewards[i]) for i in idx}) == 1)
-    return flat / len(groups)
+def group_ties(rewards: list[float], tol: float = 0.0) -> bool:
+    """A group ties (no GRPO signal) when its rewards span at most tol."""
+    return max(rewards) - min(rewards) <= tol
+
+
+def shape_reward(reward: float, mode: str) -> float:
+    """The training reward from the verifier's: "partial" keeps it (F2P share, P2P-gated),
+    "binary" is 1.0 only on a full pass."""
+    if mode == "partial":
+        return float(reward)
+    if mode == "binary":
+        return 1.0 if reward >= 1.0 else 0.0
+    raise ValueError(f"unknown reward mode {mode!r} (partial | binary)")
+
+
+def sequence_weights(token_counts: list[int], mode: str, total_tokens: int, total_sequences: int) -> list[float]:
+    """Per-token loss weight of each trained sequence: the batch loss is sum(weight * token loss).
+
+    total_tokens / total_sequences count the whole batch (every micro-batch and rank), so
+    shards add up to the same loss as one learner on the whole batch.
+    """
+    if mode == "token_mean":
+        return [1.0 / total_tokens] * len(token_counts)
+    if mode == "seq_mean":
+        return [1.0 / (total_sequences * n) if n else 0.0 for n in token_counts]
+    raise ValueError(f"unknown loss aggregation {mode!r} (token_mean | seq_mean)")
 
 
 @dataclass
 class TokenLoss:
     """Per-token GRPO terms; sums (not means) so micro-batches and ranks can be added up."""
-    loss: torch.Tensor        # [N] per-token loss (fp32), to be summed / total tokens
+    loss: torch.Tensor        # [N] per-token loss (fp32), to be weighted and summed (sequence_weights)
     clipped: torch.Tensor     # [N] bool, the clipped branch was active
     ratio: torch.Tensor       # [N] importance ratio (detached)
     kl: torch.Tensor | None   # [N] k3 KL estimate to the reference (detached), if beta > 0
+    is_weight: torch.Tensor | None = None  # [N] truncated IS weight (detached), if tis_cap is set
+    is_capped: torch.Tensor | None = None  # [N] bool, the IS weight hit the cap
 
 
 def grpo_token_loss(
@@ -83,24 +112,35 @@ def grpo_token_loss(
     clip_eps_high: float,
     beta: float = 0.0,
     ref_logp: torch.Tensor | None = None,
+    tis_cap: float | None = None,
 ) -> TokenLoss:
-    """Clipped-ratio surrogate against the rollout log-probs, optional k3 KL penalty.
+    """Clipped-ratio surrogate, optional truncated IS weight (tis_cap), optional k3 KL penalty.
 
-    All inputs are [N] over the trained tokens; math runs in fp32 whatever the model dtype.
-    A NaN old log-prob (rl.types.LEARNER_LOGPROB: sampled under a grammar, not recorded)
-    takes this pass's own, detached: the update is one optimizer step on fresh rollouts, so
-    the policy that sampled is the one scoring here, and the ratio there is exactly 1.
+    old_logp are the rollout (served) log-probs. All inputs are [N] over the trained tokens;
+    math runs in fp32 whatever the model dtype. A NaN old log-prob (rl.types.LEARNER_LOGPROB:
+    sampled under a grammar, not recorded) takes this pass's own, detached: the update is one
+    optimizer step on fresh rollouts, so the policy that sampled is the one scoring here, and
+    the ratio (and the IS weight) there is exactly 1.
     """
     logp = logp.float()
     old_logp = old_logp.float().to(logp.device)
     old_logp = torch.where(torch.isnan(old_logp), logp.detach(), old_logp)
     adv = advantages.float().to(logp.device)
-    ratio = torch.exp(logp - old_logp)
+    is_weight = is_capped = None
+    if tis_cap is None:
+        ratio = torch.exp(logp - old_logp)
+    else:
+        raw = torch.exp(logp.detach() - old_logp)
+        is_weight = torch.clamp(raw, max=tis_cap)
+        is_capped = raw > tis_cap
+        ratio = torch.exp(logp - logp.detach())
     clipped_ratio = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
     unclipped_obj = ratio * adv
     clipped_obj = clipped_ratio * adv
     loss = -torch.minimum(unclipped_obj, clipped_obj)
     clipped = (clipped_obj < unclipped_obj).detach()
+    if is_weight is not None:
+        loss = loss * is_weight
     kl = None
     if beta > 0.0:
         if ref_logp is None:
@@ -109,4 +149,5 @@ def grpo_token_loss(
         kl_tok = torch.exp(delta) - delta - 1.0
         loss = loss + beta * kl_tok
         kl = kl_tok.detach()
-    return TokenLoss(loss=loss, clipped=clipped, ratio=ratio.detach(), kl=kl)
+    return TokenLoss(loss=loss, clipped=clipped, ratio=ratio.detach(), kl=kl, is_weight=is_weight,
+                     is_capped=is_capped)

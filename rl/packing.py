@@ -65,8 +65,9 @@ def packed_micro_batches(samples: list[TrainSample], budget: int) -> list[list[T
     return micro_batches(samples, budget, packed=True)
 
 
-def pack(batch: list[TrainSample]) -> dict[str, torch.Tensor]:
-    """One row: ids/positions [1, L], cu_seqlens [n+1] (int32 on CPU), and per-token mask/old/adv [1, L].
+def pack(batch: list[TrainSample], weights: list[float] | None = None) -> dict[str, torch.Tensor]:
+    """One row: ids/positions [1, L], cu_seqlens [n+1] (int32 on CPU), and per-token mask/old/adv/w [1, L]
+    (w: each sample's loss weight, rl.grpo.sequence_weights; 1.0 when not given).
 
     mask is False at every sample's first token, so no target crosses a boundary.
     """
@@ -79,4 +80,5 @@ def pack(batch: list[TrainSample]) -> dict[str, torch.Tensor]:
     mask[0, cu[:-1]] = False
     old = torch.tensor([x for s in batch for x in s.logprobs], dtype=torch.float32)[None]
     adv = torch.cat([torch.full((n,), float(s.advantage)) for s, n in zip(batch, lengths)])[None]
-    return {"ids": ids, "positions": pos, "cu_seqlens": cu, "mask": mask, "old": old, "adv": adv}
+    w = torch.cat([torch.full((n,), float(x)) for x, n in zip(weights or [1.0] * len(batch), lengths)])[None]
+    return {"ids": ids, "positions": pos, "cu_seqlens": cu, "mask": mask, "old": old, "adv": adv, "w": w}

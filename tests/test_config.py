@@ -65,6 +65,7 @@ def test_known_bad_combinations_have_escape_hatches():
 
 
 @pytest.mark.parametrize("argv", [["train", "trainer.stepz=3"], ["eval", "trainer.stepz=3"],
+                                  ["calibrate", "trainer.stepz=3"],
                                   ["best-of-n", "--repo", ".", "--task", "t", "--test-cmd", "true", "trainer.stepz=3"]])
 def test_every_subcommand_reports_a_config_error_cleanly(argv, capsys):
     from cli.main import main

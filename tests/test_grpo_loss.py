@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rl.fused_logprob import chunked_target_logprobs, naive_target_logprobs
-from rl.grpo import frac_zero_std_groups, group_advantages, grpo_token_loss
+from rl.grpo import group_advantages, group_ties, grpo_token_loss, sequence_weights, shape_reward
 
 
 def test_group_advantages_hand_numbers():
@@ -14,8 +14,8 @@ def test_group_advantages_hand_numbers():
     assert adv[:2] == pytest.approx([1.0, -1.0])       # mean 0.5, population std 0.5
     assert adv[2:4] == [0.0, 0.0]                       # zero-std group -> exact zeros
     assert adv[4:] == pytest.approx([-1.0, 1.0])
-    assert frac_zero_std_groups(rewards, groups) == pytest.approx(1 / 3)
-    assert frac_zero_std_groups([], []) == 0.0
+    assert [group_ties(rewards[i:i + 2]) for i in (0, 2, 4)] == [False, True, False]
+    assert group_ties([0.5, 0.5 + 1e-9], tol=1e-6) and not group_ties([0.5, 0.5 + 1e-9])
 
 
 def test_group_advantages_interleaved_groups_and_bad_input():
@@ -120,3 +120,63 @@ def test_nan_old_logprob_is_the_learners_own():
     assert tl.ratio[1] == pytest.approx(math.exp(-0.2))
     tl.loss.sum().backward()
     assert logp.grad[0] == pytest.approx(-1.0) and logp.grad[2] == pytest.approx(2.0)
+
+
+# ---- loss options (learner.loss_agg / clip_eps_high / tis_cap, task.reward_mode) -------------------
+def _aggregate(token_loss: torch.Tensor, counts: list[int], mode: str) -> torch.Tensor:
+    weights = sequence_weights(counts, mode, sum(counts), len(counts))
+    per_token = torch.cat([torch.full((n,), w) for n, w in zip(counts, weights)])
+    return (token_loss * per_token).sum()
+
+
+def test_loss_aggregation_token_mean_vs_seq_mean():
+    # one short sequence (1 token, loss 3) and one long (3 tokens, loss 1 each)
+    token_loss = torch.tensor([3.0, 1.0, 1.0, 1.0])
+    assert _aggregate(token_loss, [1, 3], "token_mean").item() == pytest.approx(6 / 4)   # every token alike
+    assert _aggregate(token_loss, [1, 3], "seq_mean").item() == pytest.approx((3 + 1) / 2)  # every sequence alike
+    # split across two "ranks": each shard's weights use the whole batch's totals and add up to the same loss
+    for mode in ("token_mean", "seq_mean"):
+        a = sequence_weights([1], mode, 4, 2)[0] * 3.0
+        b = sequence_weights([3], mode, 4, 2)[0] * 3.0
+        assert a + b == pytest.approx(_aggregate(token_loss, [1, 3], mode).item())
+    with pytest.raises(ValueError, match="unknown loss aggregation"):
+        sequence_weights([1], "sum", 1, 1)
+
+
+def test_clip_higher_widens_only_the_upper_clip():
+    old = torch.zeros(2)
+    lp = torch.log(torch.tensor([1.25, 0.75]))
+    adv = torch.tensor([1.0, -1.0])
+    symmetric = grpo_token_loss(lp, old, adv, clip_eps_low=0.2, clip_eps_high=0.2)
+    higher = grpo_token_loss(lp, old, adv, clip_eps_low=0.2, clip_eps_high=0.28)
+    assert symmetric.loss.tolist() == pytest.approx([-1.2, 0.8])   # both clipped
+    assert higher.loss.tolist() == pytest.approx([-1.25, 0.8])     # ratio 1.25 < 1.28: upper clip lifted
+    assert symmetric.clipped.tolist() == [True, True] and higher.clipped.tolist() == [False, True]
+
+
+def test_truncated_importance_sampling_weights_and_caps():
+    served = torch.log(torch.tensor([0.5, 0.1, 0.4]))
+    learner = torch.log(torch.tensor([0.6, 0.5, 0.2])).requires_grad_()  # p_learner / p_served = 1.2, 5, 0.5
+    adv = torch.tensor([1.0, 1.0, -2.0])
+    tl = grpo_token_loss(learner, served, adv, 0.2, 0.28, tis_cap=2.0)
+    assert tl.is_weight.tolist() == pytest.approx([1.2, 2.0, 0.5])     # 5 capped at 2
+    assert tl.is_capped.tolist() == [False, True, False]
+    assert tl.ratio.tolist() == pytest.approx([1.0, 1.0, 1.0])          # PPO ratio vs the learner itself
+    assert tl.loss.tolist() == pytest.approx([-1.2, -2.0, 1.0])         # -w * A
+    assert not tl.clipped.any()
+    tl.loss.sum().backward()
+    assert learner.grad.tolist() == pytest.approx([-1.2, -2.0, 1.0])    # d/dlogp = -w * A
+    # without the cap, the ratio is taken against the served log-probs and clips: token 2's gradient is gone
+    lp = learner.detach().clone().requires_grad_()
+    plain = grpo_token_loss(lp, served, adv, 0.2, 0.28)
+    assert plain.ratio.tolist() == pytest.approx([1.2, 5.0, 0.5])
+    assert plain.clipped.tolist() == [False, True, True]
+    plain.loss.sum().backward()
+    assert lp.grad.tolist() == pytest.approx([-1.2, 0.0, 0.0])
+
+
+def test_reward_modes():
+    assert [shape_reward(r, "partial") for r in (0.0, 0.5, 1.0)] == [0.0, 0.5, 1.0]
+    assert [shape_reward(r, "binary") for r in (0.0, 0.5, 0.999, 1.0)] == [0.0, 0.0, 0.0, 1.0]
+    with pytest.raises(ValueError, match="unknown reward mode"):
+        shape_reward(1.0, "dense")

@@ -123,6 +123,23 @@ def test_micro_batching_does_not_change_the_step(tiny_model_path):
     assert_same_gradients(whole, split, mw["tokens"])
 
 
+def test_loss_options_in_the_learner(tiny_model_path):
+    """seq_mean weighs sequences alike (and still ignores micro-batching); tis_cap weighs tokens by
+    the learner/served probability ratio, capped, and reports it."""
+    samples = make_samples(5)
+    token = Learner(tiny_model_path, make_cfg(), ModelConfig(), seed=0).train_step(samples)
+    seq = Learner(tiny_model_path, make_cfg(loss_agg="seq_mean"), ModelConfig(), seed=0)
+    seq_split = Learner(tiny_model_path, make_cfg(loss_agg="seq_mean", micro_batch_tokens=32), ModelConfig(), seed=0)
+    ms, mss = seq.train_step(samples), seq_split.train_step(samples)
+    assert ms["loss"] == pytest.approx(mss["loss"], rel=1e-4) and ms["loss"] != pytest.approx(token["loss"], rel=1e-3)
+    assert_same_gradients(seq, seq_split, ms["tokens"])
+    tis = Learner(tiny_model_path, make_cfg(tis_cap=2.0), ModelConfig(), seed=0).train_step(samples)
+    # the samples' served log-probs (-3..-6) are far below a random model's (~-4.85 = ln 1/128 on average)
+    assert 0 < tis["tis_weight_mean"] <= 2.0 and 0 < tis["tis_capped_frac"] < 1
+    assert tis["ratio_mean"] == pytest.approx(1.0) and tis["clip_frac"] == 0.0
+    assert tis["loss"] != pytest.approx(token["loss"], rel=1e-3)
+
+
 def test_memory_options_do_not_change_the_step(tiny_model_path):
     samples = make_samples(3)
     plain = Learner(tiny_model_path, make_cfg(), ModelConfig(), seed=0)

@@ -25,6 +25,7 @@ class AgenticRollouts:
         self.workers = workers
         self.trace_path = Path(run_dir) / "trace.jsonl"
         self.train_tasks = select_tasks(cfg.task, cfg.trainer.seed, run_dir, "train")
+        self.names = [t.id for t in self.train_tasks]
         self.settings = EpisodeSettings.for_training(cfg)
         self.env_actors = spawn_env_actors(cfg, placement)
         self.server_urls = ray.get([w.start_server.remote() for w in workers])
@@ -33,8 +34,7 @@ class AgenticRollouts:
         print(f"[rlvr] {len(self.train_tasks)} training tasks; policy servers {self.server_urls}", flush=True)
 
     def group_specs(self, step: int) -> list[GroupSpec]:
-        return step_group_specs(step, self.cfg.trainer.batch_size, self.cfg.trainer.seed,
-                                [t.id for t in self.train_tasks])
+        return step_group_specs(step, self.cfg.trainer.batch_size, self.cfg.trainer.seed, self.names)
 
     def run_groups(self, specs: list[GroupSpec], step: int, on_group_done) -> None:
         """Roll out every episode of every group at once, as many in flight as there are env

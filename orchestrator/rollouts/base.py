@@ -40,6 +40,8 @@ class Episode:
 
 
 class Rollouts(Protocol):
+    names: list[str]  # the prompts/tasks a GroupSpec.index points into
+
     def group_specs(self, step: int) -> list[GroupSpec]:
         """The step's groups, a pure function of the step (a resumed run draws the same)."""
 

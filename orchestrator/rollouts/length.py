@@ -16,10 +16,10 @@ class LengthRollouts:
         self.prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                                       tokenize=True, return_dict=True)["input_ids"]
                         for p in LENGTH_PROMPTS]
+        self.names = [f"p{i}" for i in range(len(self.prompts))]
 
     def group_specs(self, step: int) -> list[GroupSpec]:
-        return step_group_specs(step, self.cfg.trainer.batch_size, self.cfg.trainer.seed,
-                                [f"p{i}" for i in range(len(self.prompts))])
+        return step_group_specs(step, self.cfg.trainer.batch_size, self.cfg.trainer.seed, self.names)
 
     def run_groups(self, specs: list[GroupSpec], step: int, on_group_done) -> None:
         g, max_tokens = self.cfg.trainer.group_size, self.cfg.rollout.max_tokens

@@ -1,0 +1,125 @@
+"""Which groups a step trains on: the step's fixed draws, plus -- with dynamic sampling --
+fresh groups of other tasks in place of groups whose rewards all tie (DAPO).
+
+A tying group has zero advantage everywhere, so with beta = 0 it adds no gradient; a step
+made of such groups is wasted compute. Dynamic sampling draws replacement groups until the
+step holds `trainer.batch_size` groups with reward variance, or `max_extra_groups` extra
+groups have been sampled. Every sampled group is stored as it finishes (EpisodeStore), and
+which extra group comes next depends only on (seed, step, j), so a resumed step replays the
+same decisions from the stored rewards and rolls out only what is missing.
+
+Rewards seen here are training rewards: the verifier's reward shaped by task.reward_mode,
+with episodes that ended in a way listed in learner.mask_episodes left out of their group.
+"""
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import dataclass, field
+
+from orchestrator.episode_store import EpisodeStore
+from orchestrator.rollouts.base import Episode, GroupSpec, Rollouts
+from rl.config import RunConfig
+from rl.grpo import group_ties, shape_reward
+
+# learner.mask_episodes names -> the scaffold stop reasons they cover
+MASKED_STOPS = {"truncated": {"length", "token_budget"}, "wall_clock": {"wall_clock"}, "max_turns": {"max_turns"}}
+
+
+def masked(episode: Episode, kinds: list[str]) -> bool:
+    """The episode ended by an environment limit listed in learner.mask_episodes."""
+    stop = episode.record.stop_reason
+    return any(stop in MASKED_STOPS[k] for k in kinds)
+
+
+def training_group(episodes: list[Episode], cfg: RunConfig) -> list[Episode]:
+    """The group as training sees it: masked episodes out, rewards shaped by task.reward_mode."""
+    kept = [e for e in episodes if not masked(e, cfg.learner.mask_episodes)]
+    return [Episode(e.group_id, shape_reward(e.reward, cfg.task.reward_mode), e.sequences, e.record) for e in kept]
+
+
+def ties(group: list[Episode], tol: float) -> bool:
+    """No learning signal: fewer than two episodes left, or rewards within tol of each other."""
+    return len(group) < 2 or group_ties([e.reward for e in group], tol)
+
+
+def extra_group_specs(step: int, seed: int, names: list[str], taken: set[str], count: int) -> list[GroupSpec]:
+    """The first `count` replacement groups of a step, a pure function of (seed, step, names, taken):
+    tasks not yet in the step first (shuffled), then any task again."""
+    rng = random.Random(seed * 1_000_003 + step * 7_919 + 17)
+    fresh = [i for i in range(len(names)) if names[i] not in taken]
+    rng.shuffle(fresh)
+    order = list(fresh)
+    while len(order) < count and names:
+        again = list(range(len(names)))
+        rng.shuffle(again)
+        order += again
+    return [GroupSpec(f"s{step}-x{j}-{names[i]}", i) for j, i in enumerate(order[:count])]
+
+
+@dataclass
+class StepGroups:
+    """Every group a step sampled (in sampling order), as training sees them."""
+    groups: dict[str, list[Episode]]        # raw episodes, as stored
+    train: dict[str, list[Episode]]         # training view (masked out, shaped rewards)
+    base: list[str]                         # the step's fixed draws
+    kept: list[str]                         # the groups that train
+    tol: float = 0.0                        # reward spread at or below which a group ties
+    reused: set[str] = field(default_factory=set)  # finished by a killed run, not rolled out now
+
+    def metrics(self) -> dict:
+        sampled = list(self.groups)
+        tied = [g for g in sampled if ties(self.train[g], self.tol)]
+        base_eps = [e for g in self.base for e in self.groups[g]]
+        return {
+            "sampling/groups_sampled": len(sampled),
+            "sampling/groups_kept": len(self.kept),
+            "sampling/extra_groups": len(sampled) - len(self.base),
+            "sampling/episodes_masked": sum(len(self.groups[g]) - len(self.train[g]) for g in sampled),
+            "frac_reward_zero_std": len(tied) / len(sampled) if sampled else 0.0,
+            "band/reward_mean": statistics.fmean(e.reward for e in base_eps) if base_eps else 0.0,
+            "band/pass_rate": statistics.fmean(float(e.reward >= 1.0) for e in base_eps) if base_eps else 0.0,
+        }
+
+
+def collect_step(step: int, rollouts: Rollouts, store: EpisodeStore, cfg: RunConfig) -> StepGroups:
+    """Roll out (or reuse) the step's groups; with dynamic sampling, replace tying ones."""
+    ds, names = cfg.trainer.dynamic_sampling, rollouts.names
+    done = store.load_groups(step)
+    reused = set(done)
+    if done:
+        print(f"[rlvr] step {step}: reusing {len(done)} finished group(s)", flush=True)
+
+    def on_group_done(episodes: list[Episode]) -> None:
+        store.append_group(step, episodes)
+        done[episodes[0].group_id] = episodes
+
+    def run(specs: list[GroupSpec]) -> None:
+        missing = [s for s in specs if s.group_id not in done]
+        if missing:
+            rollouts.run_groups(missing, step, on_group_done)
+
+    base = rollouts.group_specs(step)
+    run(base)
+    order = [s.group_id for s in base]
+    train = {g: training_group(done[g], cfg) for g in order}
+    if ds.enabled:
+        extras = extra_group_specs(step, cfg.trainer.seed, names, {names[s.index] for s in base}, ds.max_extra_groups)
+        used = 0
+        while used < len(extras):
+            need = cfg.trainer.batch_size - sum(not ties(train[g], ds.tie_tolerance) for g in order)
+            if need <= 0:
+                break
+            batch = extras[used:used + need]
+            used += len(batch)
+            print(f"[rlvr] step {step}: {need} group(s) short of variance; sampling {len(batch)} more "
+                  f"({used}/{len(extras)} extra)", flush=True)
+            run(batch)
+            for s in batch:
+                order.append(s.group_id)
+                train[s.group_id] = training_group(done[s.group_id], cfg)
+        kept = [g for g in order if not ties(train[g], ds.tie_tolerance)][:cfg.trainer.batch_size]
+    else:
+        kept = list(order)
+    return StepGroups({g: done[g] for g in order}, train, [s.group_id for s in base], kept, ds.tie_tolerance,
+                      reused & set(order))
