@@ -14,13 +14,15 @@ import ray
 
 from orchestrator.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from orchestrator.cluster import Placement, connect, spawn_learners, spawn_rollout_workers
+from orchestrator.console import Console
 from orchestrator.episode_store import EpisodeStore
-from orchestrator.metrics import MetricsLog, timed
+from orchestrator.metrics import MetricsLog, read_metrics, timed
 from orchestrator.parity import run_parity_probe
 from orchestrator.plots import plot_reward_curve
 from orchestrator.rollouts.agentic import AgenticRollouts
 from orchestrator.rollouts.base import Episode, Rollouts
 from orchestrator.rollouts.length import LengthRollouts
+from orchestrator.tracker import Tracker
 from orchestrator.weight_sync import WeightSync, make_weight_sync
 from rl.config import RunConfig, dump_config
 from rl.default_model import resolve_model_path
@@ -35,6 +37,7 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.weight_sync = weight_sync or make_weight_sync(cfg.sync.strategy, self.run_dir)
         self.store = EpisodeStore(self.run_dir)
+        self.console = Console(cfg.trainer.steps, cfg.logging.progress)
 
     # ---- set-up ------------------------------------------------------------------
     def _start(self) -> None:
@@ -44,7 +47,7 @@ class Trainer:
         connect(cfg)
         self.model_path = resolve_model_path(cfg.model.path)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        self.placement = Placement(cfg)
+        self.placement = Placement(cfg, log_dir=self.run_dir / "logs")
         print(f"[rlvr] run dir {self.run_dir}; model {self.model_path}; "
               f"{cfg.rollout.num_workers} rollout worker(s), {cfg.learner.num_learners} learner(s)", flush=True)
         self.workers = spawn_rollout_workers(cfg, self.model_path, self.placement)
@@ -57,6 +60,7 @@ class Trainer:
         """Load the latest checkpoint if any; returns the first step to run."""
         found = latest_checkpoint(self.run_dir)
         self.metrics = MetricsLog(self.run_dir, self.cfg.trainer.steps)
+        self.tracker = Tracker(self.cfg.logging, self.run_dir)
         if found is None:
             dump_config(self.cfg, self.run_dir / "config.yaml")
             self._probe("at start (base policy)")
@@ -82,11 +86,14 @@ class Trainer:
         for step in range(first, self.cfg.trainer.steps + 1):
             metrics = self.step(step)
             self.metrics.log(step, metrics)
+            self.tracker.log_step(step, metrics)
+            self.console.step_done(step, metrics)
             if step % self.cfg.trainer.checkpoint_every == 0 or step == self.cfg.trainer.steps:
                 save_checkpoint(self.run_dir, step, self.learner, {"python_rng": random.getstate()})
                 plot_reward_curve(self.run_dir)
         plot_reward_curve(self.run_dir)
-        print(f"[rlvr] done: {self.run_dir / 'metrics.jsonl'}, {self.run_dir / 'reward_curve.png'}", flush=True)
+        self.tracker.close()
+        self.console.final_table(self.run_dir, read_metrics(self.run_dir))
         return self.run_dir
 
     def step(self, step: int) -> dict:
@@ -95,6 +102,7 @@ class Trainer:
         with timed("rollout", timings):
             groups, reused = self._collect(step)
         episodes = [e for g in groups.values() for e in g]
+        self.tracker.log_episodes(step, episodes, self.tokenizer.decode)
         _refuse_all_failed(step, episodes)
         samples, stats = self._to_samples(episodes)
         ray.get([w.sleep.remote() for w in self.workers])
@@ -133,7 +141,9 @@ class Trainer:
             done[episodes[0].group_id] = episodes
 
         if missing:
-            self.rollouts.run_groups(missing, step, on_group_done)
+            total = len(specs) * self.cfg.trainer.group_size
+            with self.console.progress(step, total, done=total - len(missing) * self.cfg.trainer.group_size) as bar:
+                self.rollouts.run_groups(missing, step, on_group_done, on_episode_done=bar)
         return {s.group_id: done[s.group_id] for s in specs}, reused
 
     def _to_samples(self, episodes: list[Episode]) -> tuple[list[TrainSample], dict]:
@@ -156,6 +166,7 @@ class Trainer:
             stats["frac_edited"] = statistics.fmean(float(bool(r.edited)) for r in agentic)
             stats["turns_mean"] = statistics.fmean(r.turns for r in agentic)
             stats["reward/flagged_episodes"] = sum(bool(r.reward_flags) for r in agentic)
+            stats["tools/unparsed_calls"] = sum(r.unparsed_tool_calls or 0 for r in agentic)
         return samples, stats
 
 

@@ -48,6 +48,7 @@ class CallRecord:
     content: str = ""
     tool_calls: list[dict] = field(default_factory=list)  # parsed OpenAI-style tool calls
     seconds: float = 0.0
+    unparsed_tool_call: bool = False  # opened a tool call that did not parse (clipped, bad JSON)
 
 
 @dataclass
@@ -81,6 +82,7 @@ class EpisodeRecord:
     turns: int | None = None
     tool_calls: int | None = None
     tool_failures: int | None = None
+    unparsed_tool_calls: int | None = None  # model calls that opened a tool call none of which parsed
     stop_reason: str | None = None
     error: str | None = None             # the scaffold's
     reward_error: str | None = None      # the verifier's

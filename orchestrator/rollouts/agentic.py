@@ -36,21 +36,25 @@ class AgenticRollouts:
         return step_group_specs(step, self.cfg.trainer.batch_size, self.cfg.trainer.seed,
                                 [t.id for t in self.train_tasks])
 
-    def run_groups(self, specs: list[GroupSpec], step: int, on_group_done) -> None:
+    def run_groups(self, specs: list[GroupSpec], step: int, on_group_done, on_episode_done=None) -> None:
         g = self.cfg.trainer.group_size
         parallel = self.cfg.env.num_env_actors * self.cfg.env.pool_size
         with ThreadPoolExecutor(max_workers=parallel) as pool:
             futures = {s.group_id: [pool.submit(self._episode, s.group_id, safe_id(f"{s.group_id}-e{k}"),
-                                                self.train_tasks[s.index]) for k in range(g)] for s in specs}
+                                                self.train_tasks[s.index], on_episode_done) for k in range(g)]
+                       for s in specs}
             for gid, group in futures.items():
                 episodes = [f.result() for f in group]
                 append_durable(self.trace_path, [{"step": step, "group": gid, **asdict(e.record)} for e in episodes])
                 on_group_done(episodes)
 
-    def _episode(self, group_id: str, episode_id: str, task) -> Episode:
+    def _episode(self, group_id: str, episode_id: str, task, on_done=None) -> Episode:
         with self._counter_lock:
             n = next(self._counter)
         worker = n % len(self.workers)
         env = self.env_actors[n % len(self.env_actors)]
         run = run_episode(env, self.workers[worker], task, episode_id, self.server_urls[worker], self.settings)
-        return Episode(group_id=group_id, reward=run.record.reward, sequences=run.sequences, record=run.record)
+        episode = Episode(group_id=group_id, reward=run.record.reward, sequences=run.sequences, record=run.record)
+        if on_done is not None:
+            on_done(episode)
+        return episode
