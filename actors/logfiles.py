@@ -22,7 +22,9 @@ def with_output_copied(cls: type) -> type:
             tee_output()
             super().__init__(*args, **kwargs)
 
-    Logged.__name__ = cls.__name__  # the name the dashboard shows for the class
+    # the class name Ray shows (dashboard, process titles); cloudpickle still ships it by value,
+    # since actors.logfiles has no attribute of that name
+    Logged.__name__ = Logged.__qualname__ = cls.__name__
     Logged.__doc__ = cls.__doc__
     return Logged
 

@@ -33,7 +33,7 @@ def train(args) -> int:
     from orchestrator.loop import Trainer  # heavy (ray, torch): only once the config is good
     try:
         Trainer(cfg, run_dir).run()
-    except BaseException:
+    except Exception:
         tails = actor_log_tails(run_dir)  # the actors' output stays in files unless the run fails
         if tails and cfg.logging.console != "debug":
             print(f"[rlvr] the run failed; the actors' logs end with:\n{tails}", file=sys.stderr, flush=True)

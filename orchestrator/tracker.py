@@ -66,7 +66,9 @@ class Tracker:
         if "tensorboard" in cfg.backends:
             from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
 
-            self.writer = SummaryWriter(log_dir=str(tensorboard_dir(run_dir)), flush_secs=10)
+            # one TensorBoard "run" per training run, named like its folder
+            self.writer = SummaryWriter(log_dir=str(tensorboard_dir(run_dir) / Path(run_dir).resolve().name),
+                                        flush_secs=10)
 
     def log_step(self, step: int, metrics: dict) -> None:
         if self.writer is None:
