@@ -75,11 +75,12 @@ def bundles(cfg: RunConfig) -> dict[str, list[dict]]:
     }
 
 
-def connect(cfg: RunConfig) -> None:
+def connect(cfg: RunConfig, echo: bool = True) -> None:
+    """echo=False keeps the actors' output off this process's console (a training run copies
+    it into its run folder instead)."""
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    echo = cfg.logging.console == "debug"  # actors' output reaches the console only at debug
     if cfg.ray.address:
         ray.init(address=cfg.ray.address, log_to_driver=echo)
         return

@@ -44,7 +44,7 @@ class Trainer:
         from transformers import AutoTokenizer  # heavy; only the process that trains needs it
 
         cfg = self.cfg
-        connect(cfg)
+        connect(cfg, echo=cfg.logging.console == "debug")  # actor output: <run_dir>/logs
         self.model_path = resolve_model_path(cfg.model.path)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.placement = Placement(cfg, log_dir=self.run_dir / "logs")
