@@ -21,6 +21,7 @@ from typing import Any
 import ray
 
 from actors.learner import Learner
+from actors.logfiles import with_output_copied
 from rl.config import RunConfig
 from rl.types import TrainSample
 
@@ -52,7 +53,7 @@ class LearnerGroup:
         if n > 1:
             port_opts = {k: v for k, v in options[0].items() if k == "scheduling_strategy"}
             addr = ray.get(_free_port.options(num_cpus=0, **port_opts).remote())
-        actor_cls = ray.remote(Learner)
+        actor_cls = ray.remote(with_output_copied(Learner))
         self.world_size = n
         self.actors = [actor_cls.options(**options[r]).remote(
             model_path, cfg.learner, cfg.model, cfg.trainer.seed, rank=r, world_size=n, dist_addr=addr)

@@ -37,7 +37,7 @@ from vllm.sampling_params import RequestOutputKind
 
 from actors.chat_format import continuation_ids, render_prompt
 from actors.engine import Policy, sampled_logprobs, scored_logprobs
-from actors.tool_parsers import ToolCallFormat
+from actors.tool_parsers import ToolCallFormat, unparsed
 from rl.config import ModelConfig, RolloutConfig
 from rl.types import LEARNER_LOGPROB, CallRecord
 
@@ -235,7 +235,7 @@ class PolicyServer:
             records.append(CallRecord(prompt_token_ids=list(prompt_ids), completion_token_ids=c.token_ids,
                                        logprobs=c.logprobs, finish_reason=finish, content=content or "",
                                        tool_calls=tool_calls, seconds=seconds, rescore_s=c.rescore_s,
-                                       **engine_timing(c.last)))
+                                       unparsed_tool_call=unparsed(text, tool_calls), **engine_timing(c.last)))
         return records, parsed
 
     async def _unconstrained_logprobs(self, prompt_ids: list[int], choice: _Choice) -> None:

@@ -4,10 +4,15 @@ vLLM's unified `Parser` does three things the policy server needs, exactly as `v
 --enable-auto-tool-choice --tool-call-parser NAME` would: constrain `tool_choice`
 "required"/named with structural tags (guided decoding), stream content and tool-call
 deltas, and parse a finished output. This module only adapts requests and results.
+
+A model that opens a tool call and never finishes a valid one (clipped at max_tokens, bad
+JSON) is an expected failure of the policy, not of the program: `unparsed` tells the policy
+server so it is counted in the episode record, and vLLM's traceback for it is dropped.
 """
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
@@ -16,6 +21,23 @@ from vllm.parser.abstract_parser import Parser
 from vllm.renderers.chat_utils import make_tool_call_id
 
 SUPPORTED = ("hermes", "qwen3_xml")
+CALL_START = "<tool_call>"  # both formats open a call with it
+# vLLM's parsers that log a traceback for output they cannot parse
+_NOISY_LOGGERS = ("vllm.tool_parsers.hermes_tool_parser",)
+
+
+class _DropUnparsedTraceback(logging.Filter):
+    """Drops vLLM's `logger.exception` for a tool call it could not parse (counted instead)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and "extracting tool call" in record.getMessage())
+
+
+def _quiet_parsers() -> None:
+    for name in _NOISY_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropUnparsedTraceback) for f in logger.filters):
+            logger.addFilter(_DropUnparsedTraceback())
 
 
 class ToolCallFormat:
@@ -28,6 +50,7 @@ class ToolCallFormat:
         self.tokenizer = tokenizer
         self.parser_cls = ParserManager.get_parser(tool_parser_name=name, enable_auto_tools=True,
                                                    tool_strict_level=strict_level, tokenizer=tokenizer)
+        _quiet_parsers()
 
     def parser(self, request: ChatCompletionRequest) -> Parser | None:
         """A fresh parser (streaming state is per choice); None when the request has no tools."""
@@ -47,6 +70,11 @@ class ToolCallFormat:
             return text, []
         _, content, calls = parser.parse(text, request, enable_auto_tools=True, model_output_token_ids=token_ids)
         return content, [openai_tool_call(c.name, c.arguments, c.id) for c in calls or []]
+
+
+def unparsed(text: str, calls: list[dict]) -> bool:
+    """The output opened a tool call but none parsed (clipped or malformed)."""
+    return not calls and CALL_START in text
 
 
 def openai_tool_call(name: str, arguments: str, call_id: str | None = None) -> dict:

@@ -1,6 +1,7 @@
 """`rlvr train`: one entry point for embedded runs and `ray job submit` alike."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from rl.config import load_config
@@ -28,8 +29,15 @@ def train(args) -> int:
 
         cfg.model.path = str(run_warm_start(cfg, run_dir))
         print(f"[rlvr] GRPO starts from the warm-started model {cfg.model.path}", flush=True)
+    from orchestrator.console import actor_log_tails
     from orchestrator.loop import Trainer  # heavy (ray, torch): only once the config is good
-    Trainer(cfg, run_dir).run()
+    try:
+        Trainer(cfg, run_dir).run()
+    except Exception:
+        tails = actor_log_tails(run_dir)  # the actors' output stays in files unless the run fails
+        if tails and cfg.logging.console != "debug":
+            print(f"[rlvr] the run failed; the actors' logs end with:\n{tails}", file=sys.stderr, flush=True)
+        raise
     return 0
 
 

@@ -15,14 +15,16 @@ import ray
 
 from orchestrator.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from orchestrator.cluster import Placement, connect, spawn_learners, spawn_rollout_workers
+from orchestrator.console import Console
 from orchestrator.episode_store import EpisodeStore
-from orchestrator.metrics import MetricsLog, step_time_budget, timed
+from orchestrator.metrics import MetricsLog, read_metrics, step_time_budget, timed
 from orchestrator.parity import run_parity_probe
 from orchestrator.plots import plot_reward_curve
 from orchestrator.rollouts.agentic import AgenticRollouts
 from orchestrator.rollouts.base import Episode, Rollouts
 from orchestrator.rollouts.length import LengthRollouts
-from orchestrator.sampling import collect_step
+from orchestrator.sampling import StepGroups, collect_step
+from orchestrator.tracker import Tracker
 from orchestrator.weight_sync import WeightSync, make_weight_sync
 from rl.config import RunConfig, dump_config
 from rl.default_model import resolve_model_path
@@ -37,6 +39,7 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.weight_sync = weight_sync or make_weight_sync(cfg.sync.strategy, self.run_dir)
         self.store = EpisodeStore(self.run_dir)
+        self.console = Console(cfg.trainer.steps, cfg.logging.progress)
 
     # ---- set-up ------------------------------------------------------------------
     def _start(self) -> None:
@@ -45,10 +48,10 @@ class Trainer:
         cfg = self.cfg
         phases: dict[str, float] = {}  # where start-up goes; the engine loads while the learner builds
         with timed("ray", phases):
-            connect(cfg)
+            connect(cfg, echo=cfg.logging.console == "debug")  # actor output: <run_dir>/logs
             self.model_path = resolve_model_path(cfg.model.path)
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-            self.placement = Placement(cfg)
+            self.placement = Placement(cfg, log_dir=self.run_dir / "logs")
         print(f"[rlvr] run dir {self.run_dir}; model {self.model_path}; "
               f"{cfg.rollout.num_workers} rollout worker(s), {cfg.learner.num_learners} learner(s)", flush=True)
         self.workers = spawn_rollout_workers(cfg, self.model_path, self.placement)
@@ -65,6 +68,7 @@ class Trainer:
         """Load the latest checkpoint if any; returns the first step to run."""
         found = latest_checkpoint(self.run_dir)
         self.metrics = MetricsLog(self.run_dir, self.cfg.trainer.steps)
+        self.tracker = Tracker(self.cfg.logging, self.run_dir)
         if found is None:
             dump_config(self.cfg, self.run_dir / "config.yaml")
             self._probe("at start (base policy)")
@@ -90,19 +94,24 @@ class Trainer:
         for step in range(first, self.cfg.trainer.steps + 1):
             metrics = self.step(step)
             self.metrics.log(step, metrics)
+            self.tracker.log_step(step, metrics)
+            self.console.step_done(step, metrics)
             if step % self.cfg.trainer.checkpoint_every == 0 or step == self.cfg.trainer.steps:
                 save_checkpoint(self.run_dir, step, self.learner, {"python_rng": random.getstate()})
                 plot_reward_curve(self.run_dir)
         plot_reward_curve(self.run_dir)
-        print(f"[rlvr] done: {self.run_dir / 'metrics.jsonl'}, {self.run_dir / 'reward_curve.png'}", flush=True)
+        self.tracker.close()
+        self.console.final_table(self.run_dir, read_metrics(self.run_dir))
         return self.run_dir
 
     def step(self, step: int) -> dict:
         """One GRPO step, as named phases; each phase's wall time lands in the metrics."""
         timings: dict[str, float] = {}
         with timed("rollout", timings):
-            sampled = collect_step(step, self.rollouts, self.store, self.cfg)
-        _refuse_all_failed(step, [e for g in sampled.groups.values() for e in g])
+            sampled = self._collect(step)
+        episodes = [e for g in sampled.groups.values() for e in g]
+        self.tracker.log_episodes(step, episodes, self.tokenizer.decode)
+        _refuse_all_failed(step, episodes)
         samples = self._to_samples([e for g in sampled.kept for e in sampled.train[g]])
         stats = _episode_stats([e for g in sampled.train.values() for e in g])
         ray.get([w.sleep.remote() for w in self.workers])
@@ -130,6 +139,12 @@ class Trainer:
               f"update skipped", flush=True)
         return {}
 
+    def _collect(self, step: int) -> StepGroups:
+        """This step's groups (dynamic sampling replaces tying ones), under a progress bar."""
+        total = self.cfg.trainer.batch_size * self.cfg.trainer.group_size
+        with self.console.progress(step, total) as bar:
+            return collect_step(step, self.rollouts, self.store, self.cfg, on_episode_done=bar)
+
     def _to_samples(self, episodes: list[Episode]) -> list[TrainSample]:
         """Advantages and training samples from the kept groups' episodes (training rewards)."""
         advantages = group_advantages([e.reward for e in episodes], [e.group_id for e in episodes])
@@ -155,6 +170,7 @@ def _episode_stats(episodes: list[Episode]) -> dict:
         stats["frac_edited"] = statistics.fmean(float(bool(r.edited)) for r in agentic)
         stats["turns_mean"] = statistics.fmean(r.turns for r in agentic)
         stats["reward/flagged_episodes"] = sum(bool(r.reward_flags) for r in agentic)
+        stats["tools/unparsed_calls"] = sum(r.unparsed_tool_calls or 0 for r in agentic)
     return stats
 
 

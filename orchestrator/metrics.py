@@ -1,5 +1,6 @@
-"""Step metrics to three sinks: a JSONL file (the record), the console (progress) and the
-Ray dashboard (Ray's metrics API, exported through the node's Prometheus endpoint)."""
+"""Step metrics to their record and to the Ray dashboard: a JSONL file (always), and Ray's
+metrics API (gauges `rlvr_*`, exported through the node's Prometheus endpoint). The live
+trackers are orchestrator/tracker.py; the console line is orchestrator/console.py."""
 from __future__ import annotations
 
 import contextlib
@@ -13,7 +14,7 @@ from rl.types import EPISODE_TIME_PARTS, EpisodeRecord
 
 DASHBOARD_KEYS = ("reward_mean", "reward_std", "frac_reward_zero_std", "gen_tokens_per_s",
                   "time_rollout_s", "time_learn_s", "time_sync_s", "parity_gap",
-                  "tools/failure_frequency", "clipped_ratio", "frac_edited", "loss")
+                  "tools/failure_frequency", "tools/unparsed_calls", "clipped_ratio", "frac_edited", "loss")
 
 
 @contextlib.contextmanager
@@ -73,7 +74,6 @@ class MetricsLog:
             self._gauges = {k: Gauge("rlvr_" + k.replace("/", "_"), description=f"agentic-rlvr {k}",
                                      tag_keys=("run",)) for k in DASHBOARD_KEYS}
         self._run_tag = {"run": Path(run_dir).name}
-        self._t0 = time.time()
 
     def truncate_after(self, step: int) -> None:
         """On resume: drop records of steps past the checkpoint (and a torn last line)."""
@@ -86,10 +86,6 @@ class MetricsLog:
             value = metrics.get(key)
             if isinstance(value, (int, float)) and math.isfinite(value):
                 gauge.set(float(value), tags=self._run_tag)
-        shown = " ".join(f"{k}={metrics[k]:.3g}" for k in DASHBOARD_KEYS if isinstance(metrics.get(k), (int, float)))
-        if top := top_time_parts(metrics):
-            shown += f" | time: {top}"
-        print(f"[step {step}/{self.total_steps} | {time.time() - self._t0:.0f}s] {shown}", flush=True)
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:

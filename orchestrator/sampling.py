@@ -82,8 +82,10 @@ class StepGroups:
         }
 
 
-def collect_step(step: int, rollouts: Rollouts, store: EpisodeStore, cfg: RunConfig) -> StepGroups:
-    """Roll out (or reuse) the step's groups; with dynamic sampling, replace tying ones."""
+def collect_step(step: int, rollouts: Rollouts, store: EpisodeStore, cfg: RunConfig,
+                 on_episode_done=None) -> StepGroups:
+    """Roll out (or reuse) the step's groups; with dynamic sampling, replace tying ones.
+    on_episode_done (a progress bar) sees every episode rolled out now as it ends."""
     ds, names = cfg.trainer.dynamic_sampling, rollouts.names
     done = store.load_groups(step)
     reused = set(done)
@@ -97,7 +99,7 @@ def collect_step(step: int, rollouts: Rollouts, store: EpisodeStore, cfg: RunCon
     def run(specs: list[GroupSpec]) -> None:
         missing = [s for s in specs if s.group_id not in done]
         if missing:
-            rollouts.run_groups(missing, step, on_group_done)
+            rollouts.run_groups(missing, step, on_group_done, on_episode_done)
 
     base = rollouts.group_specs(step)
     run(base)

@@ -229,6 +229,18 @@ class WarmStartConfig(Section):
     seed: int = 0
 
 
+class LoggingConfig(Section):
+    """What a run shows and where: metrics.jsonl is always written; the backends add live views."""
+    backends: list[Literal["tensorboard"]] = Field(
+        ["tensorboard"], description="live trackers beside metrics.jsonl (`rlvr monitor RUN_DIR` opens them)")
+    console: Literal["info", "debug"] = Field(
+        "info", description="debug: stream every actor's output (engine, Ray) to the console too")
+    engine_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="vLLM's log level in the actor logs (<run_dir>/logs/)")
+    sample_episodes: int = Field(2, ge=0, description="episodes per step written to the tracker as text")
+    progress: bool = Field(True, description="a progress bar per step over its episodes")
+
+
 class RunConfig(Section):
     model: ModelConfig = ModelConfig()
     rollout: RolloutConfig = RolloutConfig()
@@ -242,6 +254,7 @@ class RunConfig(Section):
     eval: EvalConfig = EvalConfig()
     calibrate: CalibrateConfig = CalibrateConfig()
     warm_start: WarmStartConfig = WarmStartConfig()
+    logging: LoggingConfig = LoggingConfig()
 
     @model_validator(mode="after")
     def _known_bad_combinations(self) -> "RunConfig":

@@ -65,6 +65,7 @@ class CallRecord:
     decode_s: float = 0.0          # engine: first -> last token
     rescore_s: float = 0.0         # second pass for the unconstrained log-probs (guided_logprobs=rescore)
     cached_tokens: int = 0         # prompt tokens served from the prefix cache
+    unparsed_tool_call: bool = False  # opened a tool call that did not parse (clipped, bad JSON)
 
 
 @dataclass
@@ -104,6 +105,7 @@ class EpisodeRecord:
     turns: int | None = None
     tool_calls: int | None = None
     tool_failures: int | None = None
+    unparsed_tool_calls: int | None = None  # model calls that opened a tool call none of which parsed
     stop_reason: str | None = None
     error: str | None = None             # the scaffold's
     reward_error: str | None = None      # the verifier's

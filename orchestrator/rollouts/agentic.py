@@ -36,18 +36,19 @@ class AgenticRollouts:
     def group_specs(self, step: int) -> list[GroupSpec]:
         return step_group_specs(step, self.cfg.trainer.batch_size, self.cfg.trainer.seed, self.names)
 
-    def run_groups(self, specs: list[GroupSpec], step: int, on_group_done) -> None:
+    def run_groups(self, specs: list[GroupSpec], step: int, on_group_done, on_episode_done=None) -> None:
         """Roll out every episode of every group at once, as many in flight as there are env
         slots (env.num_env_actors x env.pool_size); each group is handed to on_group_done
         (and the trace) as soon as its last episode ends, in finishing order. Callable again
-        mid-step for replacement groups."""
+        mid-step for replacement groups. on_episode_done sees each episode as it ends."""
         g = self.cfg.trainer.group_size
         parallel = self.cfg.env.num_env_actors * self.cfg.env.pool_size
         with ThreadPoolExecutor(max_workers=parallel) as pool:
             group_of = {}
             for s in specs:
                 for k in range(g):
-                    f = pool.submit(self._episode, s.group_id, safe_id(f"{s.group_id}-e{k}"), self.train_tasks[s.index])
+                    f = pool.submit(self._episode, s.group_id, safe_id(f"{s.group_id}-e{k}"), self.train_tasks[s.index],
+                                    on_episode_done)
                     group_of[f] = (s.group_id, k)
             finished: dict[str, dict[int, Episode]] = {s.group_id: {} for s in specs}
             for f in as_completed(group_of):
@@ -58,10 +59,13 @@ class AgenticRollouts:
                     append_durable(self.trace_path, [{"step": step, "group": gid, **asdict(e.record)} for e in episodes])
                     on_group_done(episodes)
 
-    def _episode(self, group_id: str, episode_id: str, task) -> Episode:
+    def _episode(self, group_id: str, episode_id: str, task, on_done=None) -> Episode:
         with self._counter_lock:
             n = next(self._counter)
         worker = n % len(self.workers)
         env = self.env_actors[n % len(self.env_actors)]
         run = run_episode(env, self.workers[worker], task, episode_id, self.server_urls[worker], self.settings)
-        return Episode(group_id=group_id, reward=run.record.reward, sequences=run.sequences, record=run.record)
+        episode = Episode(group_id=group_id, reward=run.record.reward, sequences=run.sequences, record=run.record)
+        if on_done is not None:
+            on_done(episode)
+        return episode

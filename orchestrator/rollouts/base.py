@@ -45,8 +45,10 @@ class Rollouts(Protocol):
     def group_specs(self, step: int) -> list[GroupSpec]:
         """The step's groups, a pure function of the step (a resumed run draws the same)."""
 
-    def run_groups(self, specs: list[GroupSpec], step: int, on_group_done: Callable[[list[Episode]], None]) -> None:
-        """Roll the groups out; call on_group_done with each finished group's episodes."""
+    def run_groups(self, specs: list[GroupSpec], step: int, on_group_done: Callable[[list[Episode]], None],
+                   on_episode_done: Callable[[Episode], None] | None = None) -> None:
+        """Roll the groups out; call on_group_done with each finished group's episodes, and
+        on_episode_done (from any thread) with each episode as it finishes (progress)."""
 
 
 def epoch_order(n_items: int, seed: int, index: int) -> int:

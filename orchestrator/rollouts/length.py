@@ -21,7 +21,7 @@ class LengthRollouts:
     def group_specs(self, step: int) -> list[GroupSpec]:
         return step_group_specs(step, self.cfg.trainer.batch_size, self.cfg.trainer.seed, self.names)
 
-    def run_groups(self, specs: list[GroupSpec], step: int, on_group_done) -> None:
+    def run_groups(self, specs: list[GroupSpec], step: int, on_group_done, on_episode_done=None) -> None:
         g, max_tokens = self.cfg.trainer.group_size, self.cfg.rollout.max_tokens
         shards = [specs[i::len(self.workers)] for i in range(len(self.workers))]
         futures = [w.generate.remote([self.prompts[s.index] for s in shard], g, max_tokens)
@@ -29,4 +29,8 @@ class LengthRollouts:
         for shard, groups in zip([s for s in shards if s], ray.get(futures)):
             for spec, completions in zip(shard, groups):
                 runs = [single_turn_episode(c, length_reward(c, max_tokens)) for c in completions]
-                on_group_done([Episode(spec.group_id, r.record.reward, r.sequences, r.record) for r in runs])
+                episodes = [Episode(spec.group_id, r.record.reward, r.sequences, r.record) for r in runs]
+                if on_episode_done is not None:
+                    for episode in episodes:
+                        on_episode_done(episode)
+                on_group_done(episodes)
