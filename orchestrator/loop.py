@@ -33,7 +33,7 @@ class Trainer:
         self.cfg = cfg
         self.run_dir = Path(run_dir or cfg.trainer.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.weight_sync = weight_sync or make_weight_sync(cfg.sync.strategy, self.run_dir)
+        self.weight_sync = weight_sync or make_weight_sync(cfg.sync.strategy, self.run_dir, cfg.sync.transport)
         self.store = EpisodeStore(self.run_dir)
 
     # ---- set-up ------------------------------------------------------------------
@@ -52,6 +52,8 @@ class Trainer:
         self.rollouts: Rollouts = (LengthRollouts(cfg, self.tokenizer, self.workers) if cfg.task.kind == "length"
                                    else AgenticRollouts(cfg, self.run_dir, self.workers, self.placement))
         self.parity_ids = self.tokenizer(cfg.sync.parity_text)["input_ids"]
+        self.nodes = self.placement.nodes()  # where each actor runs; every metrics record carries it
+        print(f"[rlvr] actors on nodes {self.nodes}", flush=True)
 
     def _restore(self) -> int:
         """Load the latest checkpoint if any; returns the first step to run."""
@@ -108,7 +110,7 @@ class Trainer:
         gen_tokens = sum(e.record.tokens for gid, g in groups.items() if gid not in reused for e in g)
         return {**stats, **{f"learner/{k}": v for k, v in learn.items()}, "loss": learn.get("loss"),
                 "gen_tokens": gen_tokens, "gen_tokens_per_s": gen_tokens / max(timings["time_rollout_s"], 1e-9),
-                **timings, "parity_gap": gap, "train_samples": len(samples)}
+                **timings, "parity_gap": gap, "train_samples": len(samples), "nodes": self.nodes}
 
     def _learn(self, step: int, samples: list[TrainSample]) -> dict:
         """One learner update on the samples that carry a learning signal; {} when none does."""
