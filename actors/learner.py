@@ -13,6 +13,7 @@ import json
 import os
 import random
 import shutil
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -37,6 +38,24 @@ from rl.types import TrainSample
 
 ADAPTER_NAME = "default"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def name_gloo_interface(rank0_addr: str) -> None:
+    """gloo takes this process's address from the hostname, which on a multi-homed node (or
+    one whose hostname resolves to another network) is not the one the other ranks reach;
+    name the interface that routes to rank 0 instead, unless GLOO_SOCKET_IFNAME is set."""
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return
+    import psutil
+
+    host, port = rank0_addr.rsplit(":", 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, int(port)))  # UDP: no packet is sent, the kernel only picks the route
+        local = s.getsockname()[0]
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == local for a in addrs):
+            os.environ["GLOO_SOCKET_IFNAME"] = name
+            return
 
 
 def pick_device() -> torch.device:
@@ -67,6 +86,8 @@ class Learner:
             if not dist_addr:
                 raise ValueError("world_size > 1 needs dist_addr='host:port' for torch.distributed rendezvous")
             backend = "nccl" if self.device.type == "cuda" else "gloo"
+            if backend == "gloo":
+                name_gloo_interface(dist_addr)
             dist.init_process_group(backend, init_method=f"tcp://{dist_addr}", rank=rank, world_size=world_size)
 
         random.seed(seed)

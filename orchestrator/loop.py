@@ -21,6 +21,7 @@ from orchestrator.plots import plot_reward_curve
 from orchestrator.rollouts.agentic import AgenticRollouts
 from orchestrator.rollouts.base import Episode, Rollouts
 from orchestrator.rollouts.length import LengthRollouts
+from orchestrator.storage import RunStorage
 from orchestrator.weight_sync import WeightSync, make_weight_sync
 from rl.config import RunConfig, dump_config
 from rl.default_model import resolve_model_path
@@ -34,6 +35,10 @@ class Trainer:
         self.run_dir = Path(run_dir or cfg.trainer.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.weight_sync = weight_sync or make_weight_sync(cfg.sync.strategy, self.run_dir, cfg.sync.transport)
+        self.storage = RunStorage(cfg.trainer.storage, self.run_dir) if cfg.trainer.storage else None
+        if self.storage and latest_checkpoint(self.run_dir) is None and self.storage.has_checkpoint():
+            print(f"[rlvr] run directory has no checkpoint; pulling the run from {self.storage.uri}", flush=True)
+            self.storage.pull()
         self.store = EpisodeStore(self.run_dir)
 
     # ---- set-up ------------------------------------------------------------------
@@ -86,6 +91,8 @@ class Trainer:
             self.metrics.log(step, metrics)
             if step % self.cfg.trainer.checkpoint_every == 0 or step == self.cfg.trainer.steps:
                 save_checkpoint(self.run_dir, step, self.learner, {"python_rng": random.getstate()})
+                if self.storage:
+                    self.storage.push()
                 plot_reward_curve(self.run_dir)
         plot_reward_curve(self.run_dir)
         print(f"[rlvr] done: {self.run_dir / 'metrics.jsonl'}, {self.run_dir / 'reward_curve.png'}", flush=True)
