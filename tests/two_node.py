@@ -1,4 +1,5 @@
-"""A real two-node Ray cluster on one machine, for the scale-out tests.
+"""A real two-node Ray cluster on one machine, started with the README's "On a cluster"
+commands as written (plus a private temp dir and CPU count), for the scale-out tests.
 
 The head and the worker node each live in their own network namespace, joined by a veth
 pair with a /30 of their own (10.213.N.0/30, N from this process's id, so concurrent runs
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -26,7 +28,32 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 RAY = str(Path(sys.executable).parent / "ray")
-GCS_PORT, DASHBOARD_PORT = 6379, 8265  # private to the namespaces
+DASHBOARD_PORT = 8265  # Ray's default; private to the namespaces
+
+
+def readme_commands() -> dict[str, str]:
+    """The README's cluster commands (head, worker, submit, resume), one line each."""
+    text = (REPO / "README.md").read_text()
+    block = text.split("### On a cluster", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    lines = [line for line in block.splitlines() if line.startswith("RAY_AUTH_MODE=disabled ")]
+    assert len(lines) == 4, f"README's cluster block should hold head, worker, submit, resume: {lines}"
+    return dict(zip(("head", "worker", "submit", "resume"), lines))
+
+
+def as_argv(line: str, **values: str) -> list[str]:
+    """A README line as argv here: placeholders filled, the project's venv and checkout
+    resolved, the leading RAY_AUTH_MODE (set in the environment) dropped."""
+    for key, value in values.items():
+        line = line.replace(key, value)
+    line = (line.replace("$PWD/.venv/bin/python", sys.executable).replace(".venv/bin/ray", RAY)
+            .replace("$PWD", str(REPO)))
+    return shlex.split(line)[1:]
+
+
+def entrypoint(line: str, **values: str) -> list[str]:
+    """The command after `--` of a README `ray job submit` line."""
+    argv = as_argv(line, **values)
+    return argv[argv.index("--") + 1:]
 
 
 def can_make_namespaces() -> str | None:
@@ -39,9 +66,12 @@ def can_make_namespaces() -> str | None:
     return None
 
 
+def _check(done: subprocess.CompletedProcess) -> None:
+    assert done.returncode == 0, f"{shlex.join(done.args)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+
+
 class TwoNodeCluster:
-    def __init__(self, hidden: Path, env: dict[str, str], head_resources: dict, worker_resources: dict,
-                 num_cpus: int = 4):
+    def __init__(self, hidden: Path, env: dict[str, str], num_cpus: int = 4):
         tag = os.getpid() % 16384  # 10.213.0.0/16 holds 16384 /30s
         prefix, first = f"10.213.{tag // 64}", (tag % 64) * 4
         self.head_ip, self.worker_ip = f"{prefix}.{first + 1}", f"{prefix}.{first + 2}"
@@ -49,7 +79,6 @@ class TwoNodeCluster:
         self.hidden = Path(hidden)
         self.env = {**env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", "RAY_AUTH_MODE": "disabled",
                     "PYTHONPATH": str(REPO)}
-        self.head_resources, self.worker_resources = head_resources, worker_resources
         self.num_cpus = num_cpus
         self.temp = tempfile.mkdtemp(prefix="r2n-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
         self.address = f"http://{self.head_ip}:{DASHBOARD_PORT}"
@@ -85,19 +114,18 @@ class TwoNodeCluster:
         return subprocess.run(["ip", "netns", "exec", self.head_ns, *argv], env=self.env, **kw)
 
     def _start_nodes(self) -> None:
-        common = [f"--num-cpus={self.num_cpus}", "--disable-usage-stats"]
-        self.in_head([RAY, "start", "--head", f"--node-ip-address={self.head_ip}", f"--port={GCS_PORT}",
-                      f"--temp-dir={self.temp}/head", "--include-dashboard=true", f"--dashboard-host={self.head_ip}",
-                      f"--dashboard-port={DASHBOARD_PORT}", f"--resources={json.dumps(self.head_resources)}",
-                      *common], check=True, capture_output=True, timeout=300)
+        commands, ips = readme_commands(), {"HEAD_IP": self.head_ip, "WORKER_IP": self.worker_ip}
+        private = [f"--num-cpus={self.num_cpus}", "--disable-usage-stats"]
+        head = as_argv(commands["head"], **ips)
+        _check(self.in_head([*head, f"--temp-dir={self.temp}/head", *private], capture_output=True, text=True,
+                            timeout=900))
         self.hidden.mkdir(parents=True, exist_ok=True)
         # The worker's mount namespace: the head's run directory is an empty tmpfs there.
-        script = (f"mount -t tmpfs -o size=1m rlvr-hidden {self.hidden} && exec {RAY} start "
-                  f"--address={self.head_ip}:{GCS_PORT} --node-ip-address={self.worker_ip} "
-                  f"--temp-dir={self.temp}/worker --resources='{json.dumps(self.worker_resources)}' "
-                  + " ".join(common))
-        subprocess.run(["ip", "netns", "exec", self.worker_ns, "unshare", "--mount", "--propagation", "private",
-                        "sh", "-c", script], env=self.env, check=True, capture_output=True, timeout=300)
+        worker = shlex.join([*as_argv(commands["worker"], **ips), f"--temp-dir={self.temp}/worker", *private])
+        script = f"mount -t tmpfs -o size=1m rlvr-hidden {shlex.quote(str(self.hidden))} && exec {worker}"
+        _check(subprocess.run(["ip", "netns", "exec", self.worker_ns, "unshare", "--mount", "--propagation",
+                               "private", "sh", "-c", script], env=self.env, capture_output=True, text=True,
+                              timeout=900))
         self._wait_for_jobs_api()
 
     def close(self) -> None:
@@ -123,27 +151,36 @@ class TwoNodeCluster:
     def _wait_for_jobs_api(self, timeout: float = 180) -> None:
         deadline = time.time() + timeout
         while time.time() < deadline:
-            probe = self.in_head([RAY, "job", "list", "--address", self.address], capture_output=True, timeout=60)
-            if probe.returncode == 0:
+            try:
+                self.api("/api/jobs/")
                 return
+            except AssertionError:
+                pass
             time.sleep(2)
         raise AssertionError(f"the Jobs API at {self.address} did not come up in {timeout} s")
 
     def submit(self, entrypoint: list[str]) -> str:
         for _ in range(30):  # the head's job agent registers a little after the Jobs API answers
             out = self.in_head([RAY, "job", "submit", "--address", self.address, "--no-wait", "--", *entrypoint],
-                               capture_output=True, text=True, timeout=120)
+                               capture_output=True, text=True, timeout=300)
             if "No available agent" not in out.stderr:
                 break
             time.sleep(2)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
         return re.search(r"raysubmit_[A-Za-z0-9]+", out.stdout + out.stderr).group(0)
 
+    def api(self, path: str, method: str = "GET") -> dict:
+        """The Jobs REST API, called from inside the head's namespace (a bare Python: the
+        `ray` CLI's start-up is slow on a loaded box)."""
+        code = ("import json, sys, urllib.request as u; r = u.Request(sys.argv[1], method=sys.argv[2]); "
+                "print(u.urlopen(r, timeout=60).read().decode())")
+        out = self.in_head([sys.executable, "-c", code, f"{self.address}{path}", method], capture_output=True,
+                           text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout)
+
     def status(self, job: str) -> str:
-        out = self.in_head([RAY, "job", "status", "--address", self.address, job], capture_output=True,
-                           text=True, timeout=60)
-        return next((s for s in ("SUCCEEDED", "FAILED", "STOPPED", "RUNNING", "PENDING") if s in out.stdout),
-                    "UNKNOWN")
+        return self.api(f"/api/jobs/{job}")["status"]
 
     def wait(self, job: str, timeout: float, until=None) -> str:
         """Poll until the job ends (or until() is true); returns the last status."""
@@ -157,8 +194,7 @@ class TwoNodeCluster:
         raise AssertionError(f"job {job} still {status} after {timeout} s:\n{self.logs(job)[-3000:]}")
 
     def stop(self, job: str) -> None:
-        self.in_head([RAY, "job", "stop", "--address", self.address, job], capture_output=True, timeout=120)
+        assert self.api(f"/api/jobs/{job}/stop", "POST")["stopped"], f"job {job} was not running"
 
     def logs(self, job: str) -> str:
-        return self.in_head([RAY, "job", "logs", "--address", self.address, job], capture_output=True,
-                            text=True, timeout=60).stdout
+        return self.api(f"/api/jobs/{job}/logs")["logs"]
