@@ -188,12 +188,9 @@ class RolloutWorker:
         rollout.server_host=auto binds loopback, or this node's address when the run spans
         nodes (environment actors elsewhere must reach it); never all interfaces."""
         if self._server is None:
-            from actors.policy_server import PolicyServer  # FastAPI + vLLM's protocol: only where served
-            cfg = self.cfg
-            if cfg.server_host == "auto":
-                import ray
-                host = ray.util.get_node_ip_address() if spans_nodes else "127.0.0.1"
-                cfg = cfg.model_copy(update={"server_host": host})
+            # FastAPI + vLLM's protocol: only where served
+            from actors.policy_server import PolicyServer, bind_address
+            cfg = self.cfg.model_copy(update={"server_host": bind_address(self.cfg.server_host, spans_nodes)})
             self._server = PolicyServer(self.policy, self.tokenizer, cfg, self.model_cfg)
             self._server.start()
         return self._server.base_url

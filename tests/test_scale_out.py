@@ -4,6 +4,7 @@ that names a node lacking what environment actors need."""
 import pytest
 import ray
 
+from actors.policy_server import bind_address
 from orchestrator.cluster import bundles, spawn_env_actors
 from orchestrator.node_check import NodeNotReady, check_env_node
 from orchestrator.storage import RunStorage
@@ -66,7 +67,14 @@ def test_a_node_without_pi_or_sandbox_is_named_with_the_setup_command(tmp_path, 
     ray.init(num_cpus=2, include_dashboard=False, configure_logging=False,
              runtime_env={"env_vars": {"RLVR_HOME": str(tmp_path / "empty")}})
     try:
+        assert bind_address("auto", spans_nodes=True) == ray.util.get_node_ip_address()
         with pytest.raises(ray.exceptions.RayActorError, match=r"node [0-9.]+ cannot host environment actors"):
             spawn_env_actors(RunConfig.model_validate({"scaffold": {"name": "pi"}, "env": {"num_cpus": 0.5}}))
     finally:
         ray.shutdown()
+
+
+def test_the_policy_server_binds_loopback_unless_the_run_spans_nodes():
+    assert bind_address("auto", spans_nodes=False) == "127.0.0.1"
+    assert bind_address("10.1.2.3", spans_nodes=False) == "10.1.2.3"  # an explicit address is kept
+    assert RunConfig().rollout.server_host == "auto"

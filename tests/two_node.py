@@ -78,7 +78,7 @@ class TwoNodeCluster:
         self.head_ns, self.worker_ns = f"rlvr-h{tag}", f"rlvr-w{tag}"
         self.hidden = Path(hidden)
         self.env = {**env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", "RAY_AUTH_MODE": "disabled",
-                    "PYTHONPATH": str(REPO)}
+                    "PYTHONPATH": str(REPO), "RAY_DASHBOARD_STARTUP_TIMEOUT_S": "600"}
         self.num_cpus = num_cpus
         self.temp = tempfile.mkdtemp(prefix="r2n-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
         self.address = f"http://{self.head_ip}:{DASHBOARD_PORT}"
@@ -113,7 +113,19 @@ class TwoNodeCluster:
     def in_head(self, argv: list[str], **kw) -> subprocess.CompletedProcess:
         return subprocess.run(["ip", "netns", "exec", self.head_ns, *argv], env=self.env, **kw)
 
-    def _start_nodes(self) -> None:
+    def _start_nodes(self, attempts: int = 5) -> None:
+        """The raylet gives its dashboard agent about 50 s to start (not configurable); on
+        a loaded box that can pass, so a failed start is retried from scratch."""
+        for attempt in range(attempts):
+            try:
+                return self._start_nodes_once()
+            except AssertionError:
+                if attempt == attempts - 1:
+                    raise
+                self._kill_all()
+                shutil.rmtree(self.temp, ignore_errors=True)
+
+    def _start_nodes_once(self) -> None:
         commands, ips = readme_commands(), {"HEAD_IP": self.head_ip, "WORKER_IP": self.worker_ip}
         private = [f"--num-cpus={self.num_cpus}", "--disable-usage-stats"]
         head = as_argv(commands["head"], **ips)
@@ -130,6 +142,12 @@ class TwoNodeCluster:
 
     def close(self) -> None:
         """Kill every process in the two namespaces (all started here), then delete them."""
+        self._kill_all()
+        for ns in (self.head_ns, self.worker_ns):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+    def _kill_all(self) -> None:
         for _ in range(3):
             pids = []
             for ns in (self.head_ns, self.worker_ns):
@@ -143,9 +161,6 @@ class TwoNodeCluster:
                 except ProcessLookupError:
                     pass
             time.sleep(1)
-        for ns in (self.head_ns, self.worker_ns):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
-        shutil.rmtree(self.temp, ignore_errors=True)
 
     # ---- jobs -----------------------------------------------------------------------------
     def _wait_for_jobs_api(self, timeout: float = 180) -> None:
