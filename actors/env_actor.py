@@ -37,7 +37,10 @@ class PoolFull(RuntimeError):
 
 
 class EnvActor:
-    def __init__(self, env_cfg) -> None:
+    def __init__(self, env_cfg, node_check: Callable[[], None] | None = None) -> None:
+        """node_check: run first, on this actor's node; its error fails the actor at start."""
+        if node_check is not None:
+            node_check()
         self.cfg = env_cfg
         self.pool_size = env_cfg.pool_size
         block, self._block_lock = _claim_uid_block(Path(env_cfg.work_root))

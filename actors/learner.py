@@ -13,6 +13,8 @@ import json
 import os
 import random
 import shutil
+import socket
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,6 +23,7 @@ import torch.distributed as dist
 
 from rl.config import LearnerConfig, ModelConfig
 from rl.fast_kernels import enable_fast_kernels
+from rl.folders import read_folder, write_folder
 from rl.fused_logprob import chunked_target_logprobs, naive_target_logprobs
 from rl.grpo import grpo_token_loss, sequence_weights
 from rl.learner_memory import (
@@ -35,6 +38,24 @@ from rl.types import TrainSample
 
 ADAPTER_NAME = "default"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def name_gloo_interface(rank0_addr: str) -> None:
+    """gloo takes this process's address from the hostname, which on a multi-homed node (or
+    one whose hostname resolves to another network) is not the one the other ranks reach;
+    name the interface that routes to rank 0 instead, unless GLOO_SOCKET_IFNAME is set."""
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return
+    import psutil
+
+    host, port = rank0_addr.rsplit(":", 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, int(port)))  # UDP: no packet is sent, the kernel only picks the route
+        local = s.getsockname()[0]
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == local for a in addrs):
+            os.environ["GLOO_SOCKET_IFNAME"] = name
+            return
 
 
 def pick_device() -> torch.device:
@@ -65,6 +86,8 @@ class Learner:
             if not dist_addr:
                 raise ValueError("world_size > 1 needs dist_addr='host:port' for torch.distributed rendezvous")
             backend = "nccl" if self.device.type == "cuda" else "gloo"
+            if backend == "gloo":
+                name_gloo_interface(dist_addr)
             dist.init_process_group(backend, init_method=f"tcp://{dist_addr}", rank=rank, world_size=world_size)
 
         random.seed(seed)
@@ -329,12 +352,9 @@ class Learner:
                 merged[clean] = tensor
         return merged
 
-    def save_merged(self, path: str) -> str:
-        """Merged full model (safetensors + config + tokenizer files) loadable by vLLM or from_pretrained."""
-        from safetensors.torch import save_file
-
-        out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
+    def merged_weights(self) -> dict[str, torch.Tensor]:
+        """The merged model as CPU tensors under the checkpoint's key names (a tied LM head
+        left out, shared storage cloned): what vLLM loads, from a file or from memory."""
         base = self.model.get_base_model()
         state = self.merged_state_dict()
         if getattr(base.config, "tie_word_embeddings", False):
@@ -347,16 +367,40 @@ class Learner:
                 v = v.clone()
             seen.add(v.data_ptr())
             tensors[k] = v
+        return tensors
+
+    def save_merged(self, path: str) -> str:
+        """Merged full model (safetensors + config + tokenizer files) loadable by vLLM or from_pretrained."""
+        from safetensors.torch import save_file
+
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
         tmp = out / "model.safetensors.tmp"
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
+        save_file(self.merged_weights(), str(tmp), metadata={"format": "pt"})
         os.replace(tmp, out / "model.safetensors")
-        base.config.save_pretrained(out)
+        self.model.get_base_model().config.save_pretrained(out)
         if self.model_path and Path(self.model_path).is_dir():
             for f in Path(self.model_path).iterdir():
                 if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES) and f.name != "config.json" \
                         and not f.name.endswith(".index.json"):
                     shutil.copy2(f, out / f.name)
         return str(out)
+
+    def adapter_files(self) -> dict[str, bytes]:
+        """The PEFT adapter folder as a value: a rollout worker on any node installs it."""
+        with tempfile.TemporaryDirectory(prefix="rlvr-adapter-") as d:
+            self.save_adapter(d)
+            return read_folder(d)
+
+    def state_files(self) -> dict[str, bytes]:
+        """save_state's folder as a value: the driver writes the checkpoint on its own node."""
+        with tempfile.TemporaryDirectory(prefix="rlvr-state-") as d:
+            self.save_state(d)
+            return read_folder(d)
+
+    def load_state_files(self, files: dict[str, bytes]) -> None:
+        with tempfile.TemporaryDirectory(prefix="rlvr-state-") as d:
+            self.load_state(str(write_folder(files, d)))
 
     def save_state(self, path: str) -> None:
         """LoRA weights + optimizer + RNG + step count: enough to resume bit-for-bit."""

@@ -6,7 +6,10 @@ stay identical and the step equals one learner on the whole batch. Rank 0's metr
 already global (the learner all-reduces its sums), and rank 0 writes every save.
 
 A group of size 1 is one actor with no process group, so the driver has one path for any
-size. Its methods block and return values.
+size. Its methods block and return values, except the `*_ref` ones, which hand back an
+object ref that rollout workers resolve on their own nodes (the driver never holds the
+weights). Checkpoints travel as values too: `save_state`/`load_state` read and write files
+on the driver's node, so no node needs to see another's filesystem.
 
 Example:
     group = LearnerGroup(cfg, model_path, [{"num_cpus": 1}] * cfg.learner.num_learners)
@@ -23,6 +26,7 @@ import ray
 from actors.learner import Learner
 from actors.logfiles import with_output_copied
 from rl.config import RunConfig
+from rl.folders import read_folder, write_folder
 from rl.types import TrainSample
 
 
@@ -68,8 +72,9 @@ class LearnerGroup:
         return ray.get([a.train_step.remote(shard) for a, shard in zip(self.actors, shards)])[0]
 
     def load_state(self, path: str) -> None:
-        """Every rank loads the same files (the path must be readable from every node)."""
-        ray.get([a.load_state.remote(path) for a in self.actors])
+        """Every rank loads the checkpoint folder at path, read here and sent through Ray."""
+        files = ray.put(read_folder(path))
+        ray.get([a.load_state_files.remote(files) for a in self.actors])
 
     def sequence_logprobs(self, token_ids: list[int]) -> list[float]:
         return ray.get(self.actors[0].sequence_logprobs.remote(token_ids))
@@ -81,7 +86,16 @@ class LearnerGroup:
         return ray.get(self.actors[0].save_merged.remote(path))
 
     def save_state(self, path: str) -> None:
-        ray.get(self.actors[0].save_state.remote(path))
+        """Rank 0's state, written at path on this (the driver's) node."""
+        write_folder(ray.get(self.actors[0].state_files.remote()), path)
+
+    def adapter_files_ref(self) -> ray.ObjectRef:
+        """The LoRA adapter folder as a value in the object store (Learner.adapter_files)."""
+        return self.actors[0].adapter_files.remote()
+
+    def merged_weights_ref(self) -> ray.ObjectRef:
+        """The merged weights as CPU tensors in the object store (Learner.merged_weights)."""
+        return self.actors[0].merged_weights.remote()
 
     def num_trainable_params(self) -> int:
         return ray.get(self.actors[0].num_trainable_params.remote())

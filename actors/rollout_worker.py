@@ -9,9 +9,12 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import shutil
+import tempfile
 
 from actors.engine import EngineLoop, Policy, collect_completion, configure_engine_env, scored_logprobs
 from rl.config import ModelConfig, RolloutConfig
+from rl.folders import write_folder
 from rl.types import CallRecord, Completion
 
 log = logging.getLogger("rlvr.rollout")
@@ -51,7 +54,8 @@ class RolloutWorker:
         self.loop = EngineLoop(engine)
         self.policy = Policy(self.loop, rollout, model_path)
         self._lora_ids = itertools.count(1)
-        self._weights_path = model_path  # what a level-2 wake must reload
+        self._weights: str | dict = model_path  # what a level-2 wake must reload: a folder or tensors
+        self._local_adapter: str | None = None  # node-local folder of the adapter installed from memory
         self._asleep = False
         self._server = None
 
@@ -125,7 +129,36 @@ class RolloutWorker:
 
         self.loop.call(reload)
         self.policy.adapter = None
-        self._weights_path = path
+        self._weights = path
+
+    def install_lora(self, files: dict[str, bytes]) -> None:
+        """Install an adapter sent as a value (Learner.adapter_files): written to a folder on
+        this node, hot-loaded, and the previous such folder removed."""
+        path = str(write_folder(files, tempfile.mkdtemp(prefix="rlvr-lora-")))
+        try:
+            self.load_lora_adapter(path)
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        old, self._local_adapter = self._local_adapter, path
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def install_weights(self, tensors: dict) -> None:
+        """Load merged weights sent as tensors (Learner.merged_weights) in place, from memory."""
+        if not tensors:
+            raise ValueError("install_weights: got no tensors")
+        old = self.lora_request
+
+        def reload(engine):
+            engine.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(tensors.items())})
+            engine.reset_prefix_cache()
+            if old is not None:
+                engine.remove_lora(old.lora_int_id)
+
+        self.loop.call(reload)
+        self.policy.adapter = None
+        self._weights = tensors
 
     # --- sleep / wake ---------------------------------------------------------------
     def sleep(self) -> None:
@@ -141,17 +174,24 @@ class RolloutWorker:
             return
         self.loop.call(lambda e: e.wake_up())
         if self.cfg.sleep_level == 2:  # level 2 discards the weights: put the served ones back
-            path = self._weights_path
-            self.loop.call(lambda e: e.collective_rpc("reload_weights", kwargs={"weights_path": path}))
+            source = self._weights
+            kwargs = ({"weights_path": source} if isinstance(source, str)
+                      else {"weights_iterator": iter(source.items())})
+            self.loop.call(lambda e: e.collective_rpc("reload_weights", kwargs=kwargs))
         self.loop.call(lambda e: e.reset_prefix_cache())
         self._asleep = False
 
     # --- policy server --------------------------------------------------------------
-    def start_server(self) -> str:
-        """Start the OpenAI-compatible server (idempotent); episodes use f"{base}/episodes/{id}/v1"."""
+    def start_server(self, spans_nodes: bool = False) -> str:
+        """Start the OpenAI-compatible server (idempotent); episodes use f"{base}/episodes/{id}/v1".
+
+        rollout.server_host=auto binds loopback, or this node's address when the run spans
+        nodes (environment actors elsewhere must reach it); never all interfaces."""
         if self._server is None:
-            from actors.policy_server import PolicyServer  # FastAPI + vLLM's protocol: only where served
-            self._server = PolicyServer(self.policy, self.tokenizer, self.cfg, self.model_cfg)
+            # FastAPI + vLLM's protocol: only where served
+            from actors.policy_server import PolicyServer, bind_address
+            cfg = self.cfg.model_copy(update={"server_host": bind_address(self.cfg.server_host, spans_nodes)})
+            self._server = PolicyServer(self.policy, self.tokenizer, cfg, self.model_cfg)
             self._server.start()
         return self._server.base_url
 
@@ -173,5 +213,7 @@ class RolloutWorker:
         self.loop.stop()
         self.loop.engine.engine_core.shutdown()
         self.loop.engine = None
+        if self._local_adapter is not None:
+            shutil.rmtree(self._local_adapter, ignore_errors=True)
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
         cleanup_dist_env_and_memory()

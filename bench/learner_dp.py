@@ -7,6 +7,8 @@ LoRA weights (must be 0) and between the group and the single learner.
   CPU / gloo (small model):  python bench/learner_dp.py --num-learners 2 --seq-len 256 --samples 4
   2 GPUs / NCCL:             python bench/learner_dp.py --num-learners 2 --num-gpus 1 \
                                  --model PATH_OR_default --seq-len 4096 --samples 8 --json bench/results/dp.json
+  one learner per node:      python bench/learner_dp.py --address auto --one-per-node ...
+                             (a STRICT_SPREAD placement group: the all-reduce crosses nodes)
 """
 from __future__ import annotations
 
@@ -46,6 +48,27 @@ def timed_steps(train, batches) -> tuple[list[dict], float]:
     return metrics, time.perf_counter() - start
 
 
+def spread_group(cfg, path: str, args):
+    """A LearnerGroup whose ranks sit on distinct nodes; (group, [node address of each rank])."""
+    import ray
+    from ray.util.placement_group import placement_group, placement_group_table
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from actors.learner_group import LearnerGroup
+
+    n = args.num_learners
+    shape = {"CPU": args.num_cpus, **({"GPU": args.num_gpus} if args.num_gpus else {})}
+    pg = placement_group([shape] * n, strategy="STRICT_SPREAD")
+    ray.get(pg.ready(), timeout=300)
+    options = [{"num_cpus": args.num_cpus, "num_gpus": args.num_gpus,
+                "runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(args.threads)}},
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r)}
+               for r in range(n)]
+    address = {x["NodeID"]: x["NodeManagerAddress"] for x in ray.nodes()}
+    node_ids = placement_group_table(pg)["bundles_to_node_id"]
+    return LearnerGroup(cfg, path, options), [address[node_ids[r]] for r in range(n)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="default")
@@ -57,6 +80,8 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--steps", type=int, default=2, help="timed steps (after one warm-up step)")
     ap.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")
+    ap.add_argument("--address", default=None, help="join this Ray cluster (auto under `ray job submit`)")
+    ap.add_argument("--one-per-node", action="store_true", help="place the group's learners on distinct nodes")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -79,7 +104,10 @@ def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     env = {"OMP_NUM_THREADS": str(args.threads), "RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"],
            "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-    ray.init(include_dashboard=False, configure_logging=False, runtime_env={"env_vars": env})
+    if args.address:
+        ray.init(address=args.address, runtime_env={"env_vars": env})
+    else:
+        ray.init(include_dashboard=False, configure_logging=False, runtime_env={"env_vars": env})
     batches = [make_batch(args.samples, args.seq_len, vocab, seed) for seed in range(args.steps + 1)]
     tokens_per_step = sum(sum(s.loss_mask) for s in batches[0])
 
@@ -91,7 +119,11 @@ def main() -> None:
     single_state = ray.get(single.lora_state.remote())
     ray.kill(single)
 
-    group = spawn_learners(cfg(args.num_learners), path, threads=args.threads)
+    nodes = None
+    if args.one_per_node:
+        group, nodes = spread_group(cfg(args.num_learners), path, args)
+    else:
+        group = spawn_learners(cfg(args.num_learners), path, threads=args.threads)
     group.train_step(batches[0])
     mn, tn = timed_steps(group.train_step, batches[1:])
     states = ray.get(group.replica_refs("lora_state"))
@@ -107,6 +139,7 @@ def main() -> None:
         "replica_max_abs_diff": max(max_diff(states[0], s) for s in states[1:]),
         "group_vs_single_max_abs_diff": max_diff(states[0], single_state),
         "loss_single": [m["loss"] for m in m1], "loss_group": [m["loss"] for m in mn],
+        "learner_nodes": nodes,
     }
     width = max(len(k) for k in result)
     for k, v in result.items():

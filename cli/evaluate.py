@@ -42,8 +42,14 @@ def held_out_tasks(cfg: RunConfig, out_dir: Path, run_dir: str | None, side: str
 
 
 def latest_adapter(run_dir: str) -> str | None:
-    """The LoRA adapter a training run last synced to its rollout workers, if any."""
+    """The LoRA adapter a training run last synced through its run directory (sync.transport
+    shared_dir), else the one in its latest checkpoint; None if neither exists."""
+    from orchestrator.checkpoint import latest_checkpoint
+
     adapters = sorted((Path(run_dir) / "adapters").glob("step_*"))
+    found = latest_checkpoint(Path(run_dir))
+    if not adapters and found is not None and (found[1] / "learner" / "adapter").is_dir():
+        adapters = [found[1] / "learner" / "adapter"]
     if adapters:
         print(f"[eval] serving the trained adapter {adapters[-1]}", flush=True)
         return str(adapters[-1])
@@ -68,7 +74,7 @@ def eval_command(args) -> int:
         print(f"[eval] serving the trained merged weights {merged}", flush=True)
         cfg.model.path = str(merged)
     worker, base_url = start_policy(cfg, adapter)
-    env_actors = spawn_env_actors(cfg)
+    env_actors = spawn_env_actors(cfg, tasks=tasks, scaffold=cfg.eval.scaffold)
     evaluator = spawn_evaluator(cfg, str(out))
     summary = ray.get(evaluator.run.remote(tasks, base_url, cfg.eval.model_id, env_actors, worker))
     print(render_markdown(summary, f"{cfg.eval.scaffold} eval (k={cfg.eval.k})"))

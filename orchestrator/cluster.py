@@ -9,14 +9,19 @@ bundles are the actors' resource shapes, so fractional GPUs share a card by conf
 Actors are named for what they are (`rollout-0`, `learner-0`, `env-0`, `evaluator`), which is
 how the dashboard's Actors page lists them; a training run's actors copy their output into
 `<run_dir>/logs/<name>.log` (actors/logfiles.py).
+
+On several nodes, `ray.placement_strategy` spreads the bundles and `ray.role_resources`
+adds custom resources to a role's bundles, pinning it to the nodes that offer them.
+`Placement.nodes()` says where each actor landed (the metrics record it).
 """
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.engine import engine_env_vars
@@ -27,6 +32,7 @@ from actors.recording_proxy import RecordingProxy
 from actors.rollout_worker import RolloutWorker
 from orchestrator.evaluator import Evaluator
 from orchestrator.harvest import Harvester
+from orchestrator.node_check import check_env_node, distinct_sdists
 from rl.config import RunConfig
 from rl.default_model import resolve_model_path
 
@@ -68,12 +74,12 @@ def _name_taken(name: str) -> bool:
 
 
 def bundles(cfg: RunConfig) -> dict[str, list[dict]]:
-    def shape(cpus: float, gpus: float) -> dict:
-        return {"CPU": cpus, **({"GPU": gpus} if gpus > 0 else {})}
+    def shape(role: str, cpus: float, gpus: float) -> dict:
+        return {"CPU": cpus, **({"GPU": gpus} if gpus > 0 else {}), **cfg.ray.role_resources.get(role, {})}
     return {
-        "rollout": [shape(cfg.rollout.num_cpus, cfg.rollout.num_gpus)] * cfg.rollout.num_workers,
-        "learner": [shape(cfg.learner.num_cpus, cfg.learner.num_gpus)] * cfg.learner.num_learners,
-        "env": [shape(cfg.env.num_cpus, 0)] * cfg.env.num_env_actors,
+        "rollout": [shape("rollout", cfg.rollout.num_cpus, cfg.rollout.num_gpus)] * cfg.rollout.num_workers,
+        "learner": [shape("learner", cfg.learner.num_cpus, cfg.learner.num_gpus)] * cfg.learner.num_learners,
+        "env": [shape("env", cfg.env.num_cpus, 0)] * cfg.env.num_env_actors,
     }
 
 
@@ -110,11 +116,21 @@ class Placement:
             remove_placement_group(self.group)
             raise RuntimeError(placement_failure(cfg, flat, ray.cluster_resources()))
 
+    def nodes(self) -> dict[str, str]:
+        """{"rollout/0": node address, ...}: the node each actor's bundle was placed on."""
+        node_ids = placement_group_table(self.group)["bundles_to_node_id"]
+        address = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+        return {f"{role}/{i}": address.get(node_ids[self.offsets[role] + i], "?")
+                for role, group in self.shapes.items() for i in range(len(group))}
+
+    def spans_nodes(self) -> bool:
+        return len(set(self.nodes().values())) > 1
+
     def options(self, role: str, i: int, cfg: RunConfig, threads: int = 1) -> dict:
         shape = self.shapes[role][i]
         name = actor_name(role, i)
         log_file = self.log_dir / f"{name}.log" if self.log_dir is not None else None
-        return {"num_cpus": shape["CPU"], "num_gpus": shape.get("GPU", 0), "name": name,
+        return {**_resource_options(shape), "name": name,
                 "runtime_env": actor_env(cfg, threads, log_file),
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(
                     self.group, placement_group_bundle_index=self.offsets[role] + i)}
@@ -132,14 +148,25 @@ def placement_failure(cfg: RunConfig, flat: list[dict], cluster: dict) -> str:
              f"{cfg.rollout.num_workers}, learner.num_cpus={cfg.learner.num_cpus:g} x learner.num_learners="
              f"{cfg.learner.num_learners}, env.num_cpus={cfg.env.num_cpus:g} x env.num_env_actors="
              f"{cfg.env.num_env_actors}" + (", and the num_gpus keys of the same sections" if gpus else "")]
+    if cfg.ray.role_resources:
+        lines.append(f"  - or check ray.role_resources {cfg.ray.role_resources} against the nodes' `ray start "
+                     "--resources`")
     return "\n".join(lines)
 
 
 def _unplaced(cfg: RunConfig, role: str, i: int = 0, threads: int = 1) -> dict:
     """Options without a placement group (eval and tests): the same resource shape."""
-    shape = bundles(cfg)[role][0]
-    return {"num_cpus": shape["CPU"], "num_gpus": shape.get("GPU", 0), "name": actor_name(role, i),
+    return {**_resource_options(bundles(cfg)[role][0]), "name": actor_name(role, i),
             "runtime_env": actor_env(cfg, threads)}
+
+
+def _resource_options(shape: dict) -> dict:
+    custom = {k: v for k, v in shape.items() if k not in ("CPU", "GPU")}
+    return {"num_cpus": shape["CPU"], "num_gpus": shape.get("GPU", 0), **({"resources": custom} if custom else {})}
+
+
+def alive_nodes() -> int:
+    return sum(1 for n in ray.nodes() if n["Alive"])
 
 
 def _options(cfg: RunConfig, placement: Placement | None, role: str, i: int, threads: int = 1) -> dict:
@@ -164,13 +191,18 @@ def start_policy(cfg: RunConfig, adapter: str | None = None) -> tuple:
                                      count=1)
     if adapter:
         ray.get(worker.load_lora_adapter.remote(str(Path(adapter).resolve())))
-    return worker, ray.get(worker.start_server.remote())
+    return worker, ray.get(worker.start_server.remote(alive_nodes() > 1))
 
 
-def spawn_env_actors(cfg: RunConfig, placement: Placement | None = None) -> list:
-    """env.num_env_actors EnvActors; each serves pool_size episodes plus one control call at once."""
-    return [ray.remote(with_output_copied(EnvActor)).options(**_options(cfg, placement, "env", i), max_concurrency=cfg.env.pool_size + 1)
-            .remote(cfg.env) for i in range(cfg.env.num_env_actors)]
+def spawn_env_actors(cfg: RunConfig, placement: Placement | None = None, tasks: list | None = None,
+                     scaffold: str | None = None) -> list:
+    """env.num_env_actors EnvActors; each serves pool_size episodes plus one control call at
+    once, and first checks its node (orchestrator.node_check) for the scaffold and tasks."""
+    check = partial(check_env_node, scaffold or cfg.scaffold.name, distinct_sdists(tasks or []))
+    actors = [ray.remote(with_output_copied(EnvActor)).options(**_options(cfg, placement, "env", i), max_concurrency=cfg.env.pool_size + 1)
+              .remote(cfg.env, check) for i in range(cfg.env.num_env_actors)]
+    ray.get([a.open_count.remote() for a in actors])  # a node that is not ready fails here, named
+    return actors
 
 
 def spawn_evaluator(cfg: RunConfig, out_dir: str, num_cpus: float = 0.1, harvest: bool = False):

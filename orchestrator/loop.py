@@ -24,6 +24,7 @@ from orchestrator.rollouts.agentic import AgenticRollouts
 from orchestrator.rollouts.base import Episode, Rollouts
 from orchestrator.rollouts.length import LengthRollouts
 from orchestrator.sampling import StepGroups, collect_step
+from orchestrator.storage import RunStorage
 from orchestrator.tracker import Tracker
 from orchestrator.weight_sync import WeightSync, make_weight_sync
 from rl.config import RunConfig, dump_config
@@ -37,7 +38,11 @@ class Trainer:
         self.cfg = cfg
         self.run_dir = Path(run_dir or cfg.trainer.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.weight_sync = weight_sync or make_weight_sync(cfg.sync.strategy, self.run_dir)
+        self.weight_sync = weight_sync or make_weight_sync(cfg.sync.strategy, self.run_dir, cfg.sync.transport)
+        self.storage = RunStorage(cfg.trainer.storage, self.run_dir) if cfg.trainer.storage else None
+        if self.storage and latest_checkpoint(self.run_dir) is None and self.storage.has_checkpoint():
+            print(f"[rlvr] run directory has no checkpoint; pulling the run from {self.storage.uri}", flush=True)
+            self.storage.pull()
         self.store = EpisodeStore(self.run_dir)
         self.console = Console(cfg.trainer.steps, cfg.logging.progress)
 
@@ -63,6 +68,8 @@ class Trainer:
             ray.get([w.chat_template_info.remote() for w in self.workers])  # the engines are up
         self.parity_ids = self.tokenizer(cfg.sync.parity_text)["input_ids"]
         print("[rlvr] start-up: " + ", ".join(f"{k[5:-2]} {v:.1f}s" for k, v in phases.items()), flush=True)
+        self.nodes = self.placement.nodes()  # where each actor runs; every metrics record carries it
+        print(f"[rlvr] actors on nodes {self.nodes}", flush=True)
 
     def _restore(self) -> int:
         """Load the latest checkpoint if any; returns the first step to run."""
@@ -98,6 +105,8 @@ class Trainer:
             self.console.step_done(step, metrics)
             if step % self.cfg.trainer.checkpoint_every == 0 or step == self.cfg.trainer.steps:
                 save_checkpoint(self.run_dir, step, self.learner, {"python_rng": random.getstate()})
+                if self.storage:
+                    self.storage.push()
                 plot_reward_curve(self.run_dir)
         plot_reward_curve(self.run_dir)
         self.tracker.close()
@@ -129,7 +138,7 @@ class Trainer:
                 "loss": learn.get("loss"), "gen_tokens": gen_tokens,
                 "gen_tokens_per_s": gen_tokens / max(timings["time_rollout_s"], 1e-9),
                 **timings, **step_time_budget(fresh, timings["time_rollout_s"], timings),
-                "parity_gap": gap, "train_samples": len(samples)}
+                "parity_gap": gap, "train_samples": len(samples), "nodes": self.nodes}
 
     def _learn(self, step: int, samples: list[TrainSample]) -> dict:
         """One learner update on the samples that carry a learning signal; {} when none does."""

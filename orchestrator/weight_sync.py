@@ -1,7 +1,13 @@
-"""Learner -> rollout-worker weight sync. One class per strategy.
+"""Learner -> rollout-worker weight sync. One class per strategy, two transports.
 
-Both strategies publish the new policy under the run directory, which every node must be
-able to read (it holds the checkpoints too: on a cluster it lives on shared storage).
+- object_store (default): the learner puts the adapter folder (as bytes) or the merged
+  tensors into Ray's object store once; every rollout worker pulls them to its own node and
+  installs them from memory (merged) or from a node-local folder (LoRA). No node needs to
+  see another's filesystem.
+- shared_dir: the learner writes the adapter or merged model under the run directory and
+  the workers load that path; every node must then mount the run directory.
+
+The parity probe after each sync (orchestrator.parity) guards both.
 """
 from __future__ import annotations
 
@@ -10,12 +16,17 @@ from pathlib import Path
 
 import ray
 
+TRANSPORTS = ("object_store", "shared_dir")
+
 
 class WeightSync:
     name = "base"
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, transport: str = "object_store"):
+        if transport not in TRANSPORTS:
+            raise ValueError(f"sync.transport must be one of {TRANSPORTS}, got {transport!r}")
         self.run_dir = Path(run_dir)
+        self.transport = transport
 
     def sync(self, learner, workers: list, step: int) -> None:
         raise NotImplementedError
@@ -27,6 +38,10 @@ class LoraAdapterSync(WeightSync):
     name = "lora"
 
     def sync(self, learner, workers: list, step: int) -> None:
+        if self.transport == "object_store":
+            files = learner.adapter_files_ref()
+            ray.get([w.install_lora.remote(files) for w in workers])
+            return
         root = self.run_dir / "adapters"
         path = learner.save_adapter(str(root / f"step_{step:06d}"))
         ray.get([w.load_lora_adapter.remote(path) for w in workers])
@@ -35,10 +50,14 @@ class LoraAdapterSync(WeightSync):
 
 
 class MergedWeightsSync(WeightSync):
-    """Merge LoRA into the base weights and have vLLM reload them (`reload_weights`)."""
+    """Merge LoRA into the base weights and have vLLM reload them in place (`reload_weights`)."""
     name = "merged"
 
     def sync(self, learner, workers: list, step: int) -> None:
+        if self.transport == "object_store":
+            tensors = learner.merged_weights_ref()
+            ray.get([w.install_weights.remote(tensors) for w in workers])
+            return
         path = learner.save_merged(str(self.run_dir / "merged_weights"))
         ray.get([w.reload_weights.remote(path) for w in workers])
 
@@ -46,5 +65,5 @@ class MergedWeightsSync(WeightSync):
 STRATEGIES = {cls.name: cls for cls in (LoraAdapterSync, MergedWeightsSync)}
 
 
-def make_weight_sync(strategy: str, run_dir: Path) -> WeightSync:
-    return STRATEGIES[strategy](run_dir)
+def make_weight_sync(strategy: str, run_dir: Path, transport: str = "object_store") -> WeightSync:
+    return STRATEGIES[strategy](run_dir, transport)

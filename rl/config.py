@@ -52,7 +52,8 @@ class RolloutConfig(Section):
     seed: int = Field(0, description="engine RNG seed; a client's per-request seed is ignored")
     max_num_seqs: int = Field(16, ge=1, description="sequences the engine batches at once")
     enable_prefix_caching: bool = True
-    server_host: str = Field("127.0.0.1", description="policy server bind address; 0.0.0.0 to serve other nodes")
+    server_host: str = Field("auto", description="policy server bind address; auto: loopback, or the "
+                                                 "node's own address when the run spans nodes")
     server_port: int = Field(0, ge=0, le=65535, description="0 = any free port")
     tool_choice: Literal["client", "auto", "required"] = Field(
         "client", description="'client' honours each request's tool_choice; else forced on every request with tools")
@@ -113,6 +114,10 @@ class LearnerConfig(Section):
 
 class SyncConfig(Section):
     strategy: Literal["lora", "merged"] = "lora"
+    transport: Literal["object_store", "shared_dir"] = Field(
+        "object_store", description="object_store: the learner's adapter/weights reach each rollout worker "
+                                    "through Ray (no shared filesystem); shared_dir: files under the run "
+                                    "directory, which every node must then see")
     parity_threshold: float = Field(0.05, gt=0, description="max mean |learner - served| log-prob gap")
     parity_text: str = "The quick brown fox jumps over the lazy dog. def add(a, b): return a + b"
 
@@ -171,11 +176,21 @@ class TrainerConfig(Section):
     checkpoint_every: int = Field(1, ge=1)
     run_dir: str = "runs/default"
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
+    storage: str | None = Field(None, description="also keep checkpoints and run records here: a local path "
+                                                  "or a pyarrow.fs URI (s3://, gs://, hdfs://); a run whose "
+                                                  "run_dir is empty resumes from it")
+
+
+Role = Literal["rollout", "learner", "env"]
 
 
 class RayConfig(Section):
     address: str | None = None  # None: embedded ray.init(); "auto" under `ray job submit`
-    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK"] = "PACK"
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="PACK on one node; SPREAD/STRICT_SPREAD across nodes")
+    role_resources: dict[Role, dict[str, float]] = Field(
+        {}, description="custom resources each actor of a role asks for, pinning it to nodes started with "
+                        "them, e.g. {env: {cpu_node: 0.01}} with `ray start --resources '{\"cpu_node\": 1}'`")
     expandable_segments: bool = False
 
 

@@ -185,6 +185,47 @@ def test_reload_weights_serves_new_weights(worker, model_path, prompt_ids, tmp_p
     assert max(abs(a - b) for a, b in zip(base, _scored(worker, prompt_ids))) < 1e-4
 
 
+def test_weights_and_adapters_install_from_values(worker, model_path, prompt_ids, tmp_path):
+    """The object-store transport's two installs: merged tensors from memory, and an adapter
+    folder sent as bytes (written to a node-local folder, which the next install removes)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from rl.folders import read_folder
+
+    base = _scored(worker, prompt_ids)
+    tensors = load_file(os.path.join(model_path, "model.safetensors"))
+    key = next(k for k in tensors if k.endswith("layers.0.mlp.down_proj.weight"))
+    tensors[key] = tensors[key] * 3.0
+    worker.install_weights(tensors)
+    assert max(abs(a - b) for a, b in zip(base, _scored(worker, prompt_ids))) > 1e-3, "install_weights: no-op"
+    worker.install_weights(load_file(os.path.join(model_path, "model.safetensors")))
+    assert max(abs(a - b) for a, b in zip(base, _scored(worker, prompt_ids))) < 1e-4
+    with pytest.raises(ValueError, match="no tensors"):
+        worker.install_weights({})
+
+    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_path),
+                                LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+    for name, p in peft_model.named_parameters():
+        if "lora_B" in name:
+            torch.manual_seed(0)
+            p.data = torch.randn_like(p) * 0.05
+    peft_model.save_pretrained(tmp_path / "adapter")
+    files = read_folder(tmp_path / "adapter")
+    worker.load_lora_adapter(str(tmp_path / "adapter"))
+    from_path = _scored(worker, prompt_ids)
+    worker.install_lora(files)
+    first_local = worker._local_adapter
+    assert max(abs(a - b) for a, b in zip(from_path, _scored(worker, prompt_ids))) < 1e-5
+    worker.install_lora(files)
+    assert not os.path.exists(first_local) and os.path.isdir(worker._local_adapter)
+    with pytest.raises(FileNotFoundError, match="adapter_config.json"):
+        worker.install_lora({"other.txt": b""})
+    worker.reload_weights(model_path)
+
+
 @pytest.mark.heavy
 def test_worker_as_ray_actor_serves_and_records(model_path):
     """The driver's way (orchestrator.cluster builds it), server URL back to the caller."""

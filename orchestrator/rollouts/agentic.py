@@ -12,7 +12,7 @@ from pathlib import Path
 import ray
 
 from envs.split import select_tasks
-from orchestrator.cluster import Placement, spawn_env_actors
+from orchestrator.cluster import Placement, alive_nodes, spawn_env_actors
 from orchestrator.rollouts.base import Episode, GroupSpec, step_group_specs
 from rl.config import RunConfig
 from rl.jsonl import append_durable
@@ -27,8 +27,9 @@ class AgenticRollouts:
         self.train_tasks = select_tasks(cfg.task, cfg.trainer.seed, run_dir, "train")
         self.names = [t.id for t in self.train_tasks]
         self.settings = EpisodeSettings.for_training(cfg)
-        self.env_actors = spawn_env_actors(cfg, placement)
-        self.server_urls = ray.get([w.start_server.remote() for w in workers])
+        self.env_actors = spawn_env_actors(cfg, placement, self.train_tasks)
+        spans = placement.spans_nodes() if placement is not None else alive_nodes() > 1
+        self.server_urls = ray.get([w.start_server.remote(spans) for w in workers])
         self._counter = itertools.count()
         self._counter_lock = threading.Lock()
         print(f"[rlvr] {len(self.train_tasks)} training tasks; policy servers {self.server_urls}", flush=True)

@@ -1,0 +1,24 @@
+"""A folder as a value: {relative path: bytes}, so files can travel between nodes through
+Ray's object store instead of a shared filesystem (adapters, learner state)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def read_folder(root: str | Path) -> dict[str, bytes]:
+    root = Path(root)
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def write_folder(files: dict[str, bytes], root: str | Path) -> Path:
+    """Write files under root (created); refuses paths that would leave it."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    for rel, data in files.items():
+        path = (root / rel).resolve()
+        if os.path.isabs(rel) or root.resolve() not in path.parents:
+            raise ValueError(f"write_folder: {rel!r} is not a path inside {root}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return root
