@@ -38,6 +38,9 @@ class RolloutConfig(Section):
     num_gpus: float = Field(0.0, ge=0, description="GPU fraction per worker (0 on CPU)")
     num_cpus: float = Field(1.0, gt=0, description="always explicit: a GPU-only actor still reserves 1 CPU")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    kv_cache_memory_gib: float | None = Field(
+        None, gt=0, description="KV cache size in GiB (vLLM kv_cache_memory_bytes); set, it replaces the "
+                                "gpu_memory_utilization sizing: an engine that must fit a smaller card than it runs on")
     max_model_len: int = Field(4096, ge=128)
     enforce_eager: bool = True
     sleep_level: Literal[0, 1, 2] = 1  # 0 = never sleep; on CPU sleep is a logged no-op
@@ -60,6 +63,8 @@ class LearnerConfig(Section):
     num_learners: int = Field(1, ge=1, description=">1: data-parallel group, gradients all-reduced")
     num_gpus: float = Field(0.0, ge=0)
     num_cpus: float = Field(1.0, gt=0)
+    gpu_memory_fraction: float = Field(1.0, gt=0, le=1, description="cap on the learner's share of its GPU "
+                                       "(torch.cuda.set_per_process_memory_fraction); the rest is vLLM's")
     lora_rank: int = Field(16, ge=1)
     lora_alpha: int = Field(32, ge=1)
     lora_dropout: float = Field(0.0, ge=0, lt=1)
