@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cli import best_of_n, evaluate, harvest, model, tasks, train, warm_start
+from cli import best_of_n, doctor, evaluate, harvest, model, tasks, train, warm_start
 from rl.config import ConfigError
 
-SUBCOMMANDS = (train, warm_start, harvest, model, tasks, evaluate, best_of_n)
+SUBCOMMANDS = (train, warm_start, harvest, model, tasks, evaluate, best_of_n, doctor)
 
 
 def main(argv: list[str] | None = None) -> int:
