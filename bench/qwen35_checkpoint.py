@@ -23,8 +23,9 @@ from bench.learner_memory import QWEN35_4B
 
 ROPE = {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
         "mrope_section": [11, 11, 10], "mrope_interleaved": True}
-TINY = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=128, linear_key_head_dim=64, linear_value_head_dim=64,
+# the 4B model's head sizes (vLLM's Triton kernels compile once for both), few and narrow layers
+TINY = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=256, linear_key_head_dim=128, linear_value_head_dim=128,
             linear_num_key_heads=2, linear_num_value_heads=4, linear_conv_kernel_dim=4, tie_word_embeddings=True,
             max_position_embeddings=8192)
 SHAPES = {"4b": QWEN35_4B, "tiny": TINY}

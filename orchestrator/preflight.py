@@ -280,9 +280,9 @@ def run_checks(cfg: RunConfig, full: bool = False) -> list[Check]:
 def _kernel_agreement(layout: CheckpointLayout) -> dict:
     """rl.fast_kernels' start-up check at the model's head sizes, on the GPU."""
     import torch
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as m
 
     from rl import fast_kernels as fk
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as m
 
     text = layout.config.get("text_config") or layout.config
     k_dim = text.get("linear_key_head_dim", 128)

@@ -177,6 +177,8 @@ class WarmStartConfig(Section):
     lora_target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     max_length: int = Field(4096, ge=128, description="tokens per row; longer rows are cut")
     gradient_checkpointing: bool = False
+    activation_offload: bool = Field(False, description="TRL activation offloading to host memory (long rows on a "
+                                     "24 GiB GPU); with gradient_checkpointing")
     cpu_bf16: bool = Field(True, description="on CPUs with AMX/AVX512-BF16, bf16 autocast (fp32 weights)")
     torch_threads: int = Field(0, ge=0, description="CPU threads for SFT; 0 = every core (OMP_NUM_THREADS=1 "
                                "from the Makefile would otherwise make it ~3x slower)")
