@@ -7,13 +7,13 @@ deltas, and parse a finished output. This module only adapts requests and result
 """
 from __future__ import annotations
 
+import inspect
 import json
 from typing import Any
 
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.parser import ParserManager
-from vllm.parser.abstract_parser import Parser
-from vllm.renderers.chat_utils import make_tool_call_id
+from vllm.parser.abstract_parser import Parser, make_tool_call_id  # these paths resolve on vLLM 0.26 and 0.32
 
 SUPPORTED = ("hermes", "qwen3_xml")
 
@@ -26,8 +26,16 @@ class ToolCallFormat:
             raise ValueError(f"model.tool_call_parser={name!r} is not supported; use one of {SUPPORTED}")
         self.name = name
         self.tokenizer = tokenizer
-        self.parser_cls = ParserManager.get_parser(tool_parser_name=name, enable_auto_tools=True,
-                                                   tool_strict_level=strict_level, tokenizer=tokenizer)
+        self.mark_strict = False
+        if "tool_strict_level" in inspect.signature(ParserManager.get_parser).parameters:
+            self.parser_cls = ParserManager.get_parser(tool_parser_name=name, enable_auto_tools=True,
+                                                       tool_strict_level=strict_level, tokenizer=tokenizer)
+        else:  # vLLM 0.26: no strictness floor; "parameter" is every tool marked strict (honoured per tool)
+            if strict_level == "function":
+                raise ValueError("rollout.tool_strict_level=function needs vLLM >= 0.32 (this vLLM has no "
+                                 "function-level floor); use 'parameter' or 'auto'")
+            self.mark_strict = strict_level == "parameter"
+            self.parser_cls = ParserManager.get_parser(tool_parser_name=name, enable_auto_tools=True)
 
     def parser(self, request: ChatCompletionRequest) -> Parser | None:
         """A fresh parser (streaming state is per choice); None when the request has no tools."""
@@ -37,6 +45,10 @@ class ToolCallFormat:
 
     def adjust(self, request: ChatCompletionRequest) -> ChatCompletionRequest:
         """Attach vLLM's guided decoding for tool_choice 'required'/named (and strict tools)."""
+        if self.mark_strict and request.tools:
+            request = request.model_copy(update={"tools": [
+                t.model_copy(update={"function": t.function.model_copy(update={"strict": True})})
+                for t in request.tools]})
         parser = self.parser(request)
         return request if parser is None else parser.adjust_request(request)
 

@@ -1,5 +1,6 @@
 """`rlvr doctor` checks, each in its present and its missing case (facts handed in, so the
 missing case needs no broken machine), and the table on this host."""
+import importlib.util
 import json
 
 import pytest
@@ -81,7 +82,11 @@ def test_pi(tmp_path):
 def test_model_folder_and_tool_template(tmp_path):
     build(tmp_path / "m", "tiny", dtype="float32")
     check, layout = pf.check_model(str(tmp_path / "m"), PI_TOOLS)
-    assert check.status == "ok" and layout.multimodal and "language_model_only" in check.detail
+    assert layout.multimodal
+    if importlib.util.find_spec("torchvision") is None:  # vLLM needs it for this architecture (the CPU venv lacks it)
+        assert check.status == "fail" and "torchvision" in check.detail
+    else:
+        assert check.status == "ok" and "language_model_only" in check.detail
     assert pf.check_model(str(tmp_path / "nothing"), PI_TOOLS)[0].status == "fail"
     (tmp_path / "m" / "chat_template.jinja").write_text(
         "{% for m in messages %}{{ m['content'] }}{% endfor %}")   # a template that ignores tools=
@@ -89,6 +94,12 @@ def test_model_folder_and_tool_template(tmp_path):
         json.dumps({**json.loads((tmp_path / "m" / "tokenizer_config.json").read_text()), "chat_template": None}))
     dropped = pf.check_model(str(tmp_path / "m"), PI_TOOLS)[0]
     assert dropped.status == "fail" and "drops the tools" in dropped.detail
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (llama / f).write_text((tmp_path / "m" / f).read_text())
+    assert pf.check_model(str(llama), PI_TOOLS)[0].status == "fail"   # no tool template either
 
 
 def test_memory():
