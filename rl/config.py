@@ -210,6 +210,11 @@ class RunConfig(Section):
             raise ValueError(
                 "ray.expandable_segments=true collides with vLLM sleep mode (allocator error in "
                 "backward on long sequences); set ray.expandable_segments=false or rollout.sleep_level=0")
+        if self.rollout.num_gpus > 0 and self.rollout.sleep_level == 2 and self.sync.strategy == "lora":
+            raise ValueError(
+                "rollout.sleep_level=2 drops the engine's weights and waking reloads them, which vLLM 0.26 (the GPU "
+                "release) cannot do on an engine built for LoRA (sync.strategy=lora); set sync.strategy=merged "
+                "or rollout.sleep_level=1")
         if self.rollout.max_tokens >= self.rollout.max_model_len:
             raise ValueError(
                 f"rollout.max_tokens={self.rollout.max_tokens} leaves no room for a prompt in "
