@@ -87,12 +87,26 @@ def build(out: str | Path, shape: str = "tiny", tokenizer: str | None = None, de
         model = Qwen3_5ForConditionalGeneration(cfg).to(getattr(torch, dtype))
     scale = raise_end_token(model, tok, end_token_p) if end_token_p else None
     model.save_pretrained(out)
+    save_processor(out, tok)
     tok.save_pretrained(out)
     GenerationConfig(bos_token_id=bos, eos_token_id=eos, pad_token_id=eos).save_pretrained(out)
     info = {"shape": shape, "params": sum(p.numel() for p in model.parameters()), "vocab_size": text["vocab_size"],
             "tokenizer": tokenizer or "tiny BPE", "end_token_scale": scale, "seconds": time.perf_counter() - t0}
     (Path(out) / "random_checkpoint.json").write_text(json.dumps(info, indent=1))
     return info
+
+
+def save_processor(out, tok) -> bool:
+    """The image/video processor files a shipped folder has (vLLM builds the processor for this
+    architecture); needs torchvision, so a CPU venv without it writes none."""
+    try:
+        from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
+        processor = Qwen3VLProcessor(image_processor=Qwen2VLImageProcessor(), video_processor=Qwen3VLVideoProcessor(),
+                                     tokenizer=tok, chat_template=tok.chat_template)
+    except ImportError:
+        return False
+    processor.save_pretrained(out)
+    return True
 
 
 def raise_end_token(model, tok, target_p: float) -> float:
