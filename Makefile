@@ -7,10 +7,13 @@ export RAY_AUTH_MODE ?= disabled
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup train test test-heavy lock bench
+.PHONY: setup setup-gpu train test test-heavy test-gpu lock bench
 
 setup:
 	bash scripts/setup.sh
+
+setup-gpu:   # the GPU stack (requirements/gpu.lock) instead of the CPU one
+	bash scripts/setup.sh --gpu
 
 train: setup
 	.venv/bin/rlvr train configs/default.yaml $(ARGS)
@@ -20,6 +23,9 @@ test: setup
 
 test-heavy: setup
 	$(PY) -m pytest -m heavy $(ARGS)
+
+test-gpu:    # the tests that need a CUDA GPU (skipped elsewhere)
+	$(PY) -m pytest -m gpu $(ARGS)
 
 lock:
 	bash scripts/lock.sh

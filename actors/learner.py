@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from rl.checkpoint_layout import CheckpointLayout
 from rl.config import LearnerConfig, ModelConfig
 from rl.fast_kernels import enable_fast_kernels
 from rl.folders import read_folder, write_folder
@@ -81,6 +82,12 @@ class Learner:
         self.rank, self.world_size = rank, world_size
         self.device = pick_device()
         self.dtype = pick_dtype(model_cfg, self.device)
+        # the checkpoint's own names, for what the learner hands the engine (None: no folder)
+        self.layout = CheckpointLayout.of(model_path) if model_path and Path(model_path, "config.json").is_file() \
+            else None
+        if self.device.type == "cuda" and cfg.gpu_memory_fraction < 1:
+            # the learner's share of a card it shares with a vLLM engine (the 24 GB recipe)
+            torch.cuda.set_per_process_memory_fraction(cfg.gpu_memory_fraction, self.device)
         self.steps_done = 0
         if world_size > 1:
             if not dist_addr:
@@ -331,6 +338,12 @@ class Learner:
         """PEFT adapter folder (adapter_config.json + adapter_model.safetensors) for vLLM's LoRA loader."""
         Path(path).mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(path, selected_adapters=[ADAPTER_NAME])
+        if self.layout is not None and self.layout.multimodal:  # names as the served checkpoint has them
+            from safetensors.torch import load_file, save_file
+
+            file = Path(path) / "adapter_model.safetensors"
+            tensors = {self.layout.to_checkpoint_adapter_key(k): v for k, v in load_file(str(file)).items()}
+            save_file(tensors, str(file), metadata={"format": "pt"})
         return str(path)
 
     def merged_state_dict(self) -> dict[str, torch.Tensor]:
@@ -359,9 +372,11 @@ class Learner:
         state = self.merged_state_dict()
         if getattr(base.config, "tie_word_embeddings", False):
             state.pop("lm_head.weight", None)
+        layout = self.layout
         seen: set[int] = set()
         tensors = {}
         for k, v in state.items():
+            k = layout.to_checkpoint_key(k) if layout is not None else k
             v = v.detach().to("cpu").contiguous()
             if v.data_ptr() in seen:
                 v = v.clone()
@@ -375,10 +390,14 @@ class Learner:
 
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
+        base, layout = self.model.get_base_model(), self.layout
         tmp = out / "model.safetensors.tmp"
         save_file(self.merged_weights(), str(tmp), metadata={"format": "pt"})
         os.replace(tmp, out / "model.safetensors")
-        self.model.get_base_model().config.save_pretrained(out)
+        if layout is not None and layout.multimodal:  # the checkpoint's own config: vLLM serves its architecture
+            (out / "config.json").write_text(json.dumps(layout.config, indent=2))
+        else:
+            base.config.save_pretrained(out)
         if self.model_path and Path(self.model_path).is_dir():
             for f in Path(self.model_path).iterdir():
                 if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES) and f.name != "config.json" \
@@ -425,8 +444,10 @@ class Learner:
         for f in (adapter_file, state_file):
             if not f.is_file():
                 raise FileNotFoundError(f"learner state {path} is incomplete: missing {f}")
-        result = set_peft_model_state_dict(self.model, load_file(str(adapter_file), device=str(self.device)),
-                                           adapter_name=ADAPTER_NAME)
+        tensors = load_file(str(adapter_file), device=str(self.device))
+        if self.layout is not None:  # saved under the checkpoint's names (save_adapter)
+            tensors = {self.layout.to_text_adapter_key(k): v for k, v in tensors.items()}
+        result = set_peft_model_state_dict(self.model, tensors, adapter_name=ADAPTER_NAME)
         unexpected = getattr(result, "unexpected_keys", [])
         if unexpected:
             raise ValueError(f"adapter in {path} does not fit this model: unexpected keys {unexpected[:5]}")

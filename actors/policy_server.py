@@ -21,7 +21,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
-from vllm.entrypoints.generate.base.protocol import DeltaMessage, FunctionCall, ToolCall
+
+# This module path holds every protocol type on vLLM 0.26 (GPU) and 0.32 (CPU) alike.
 from vllm.entrypoints.openai.chat_completion.protocol import (
     ChatCompletionNamedToolChoiceParam,
     ChatCompletionRequest,
@@ -30,10 +31,17 @@ from vllm.entrypoints.openai.chat_completion.protocol import (
     ChatCompletionResponseStreamChoice,
     ChatCompletionStreamResponse,
     ChatMessage,
+    DeltaMessage,
+    FunctionCall,
+    ToolCall,
+    UsageInfo,
 )
-from vllm.entrypoints.serve.engine.protocol import UsageInfo
-from vllm.exceptions import VLLMClientError
 from vllm.sampling_params import RequestOutputKind
+
+try:
+    from vllm.exceptions import VLLMClientError  # 0.32; on 0.26 vLLM's request checks raise ValueError
+except ImportError:
+    VLLMClientError = ValueError
 
 from actors.chat_format import continuation_ids, render_prompt
 from actors.engine import Policy, sampled_logprobs, scored_logprobs

@@ -13,6 +13,7 @@ import shutil
 import tempfile
 
 from actors.engine import EngineLoop, Policy, collect_completion, configure_engine_env, scored_logprobs
+from rl.checkpoint_layout import CheckpointLayout
 from rl.config import ModelConfig, RolloutConfig
 from rl.folders import write_folder
 from rl.types import CallRecord, Completion
@@ -35,6 +36,8 @@ class RolloutWorker:
         self.model_path = model_path
         self.on_cpu = current_platform.is_cpu()
         self.enable_lora = enable_lora
+        sizing = {} if rollout.kv_cache_memory_gib is None else \
+            {"kv_cache_memory_bytes": int(rollout.kv_cache_memory_gib * 2**30)}
         args = EngineArgs(
             model=model_path,
             dtype=model.resolved_dtype(on_gpu=not self.on_cpu) if rollout.dtype == "model" else rollout.dtype,
@@ -48,6 +51,8 @@ class RolloutWorker:
             max_num_seqs=rollout.max_num_seqs,
             enable_prefix_caching=rollout.enable_prefix_caching,
             enable_sleep_mode=rollout.sleep_level > 0 and not self.on_cpu,
+            **sizing,
+            **CheckpointLayout.of(model_path).engine_kwargs(on_gpu=not self.on_cpu),
         )
         engine = LLMEngine.from_engine_args(args)
         self.tokenizer = engine.get_tokenizer()
@@ -180,6 +185,15 @@ class RolloutWorker:
             self.loop.call(lambda e: e.collective_rpc("reload_weights", kwargs=kwargs))
         self.loop.call(lambda e: e.reset_prefix_cache())
         self._asleep = False
+
+    def device_memory_gib(self) -> float | None:
+        """Memory in use on this worker's GPU by every process (engine and a co-located learner
+        alike); None on CPU. The loop's memory timeline reads it around sleep and wake."""
+        if self.on_cpu:
+            return None
+        import torch
+        free, total = torch.cuda.mem_get_info()
+        return (total - free) / 2**30
 
     # --- policy server --------------------------------------------------------------
     def start_server(self, spans_nodes: bool = False) -> str:

@@ -11,14 +11,14 @@ server so it is counted in the episode record, and vLLM's traceback for it is dr
 """
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 from typing import Any
 
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.parser import ParserManager
-from vllm.parser.abstract_parser import Parser
-from vllm.renderers.chat_utils import make_tool_call_id
+from vllm.parser.abstract_parser import Parser, make_tool_call_id  # these paths resolve on vLLM 0.26 and 0.32
 
 SUPPORTED = ("hermes", "qwen3_xml")
 CALL_START = "<tool_call>"  # both formats open a call with it
@@ -48,8 +48,16 @@ class ToolCallFormat:
             raise ValueError(f"model.tool_call_parser={name!r} is not supported; use one of {SUPPORTED}")
         self.name = name
         self.tokenizer = tokenizer
-        self.parser_cls = ParserManager.get_parser(tool_parser_name=name, enable_auto_tools=True,
-                                                   tool_strict_level=strict_level, tokenizer=tokenizer)
+        self.mark_strict = False
+        if "tool_strict_level" in inspect.signature(ParserManager.get_parser).parameters:
+            self.parser_cls = ParserManager.get_parser(tool_parser_name=name, enable_auto_tools=True,
+                                                       tool_strict_level=strict_level, tokenizer=tokenizer)
+        else:  # vLLM 0.26: no strictness floor; "parameter" is every tool marked strict (honoured per tool)
+            if strict_level == "function":
+                raise ValueError("rollout.tool_strict_level=function needs vLLM >= 0.32 (this vLLM has no "
+                                 "function-level floor); use 'parameter' or 'auto'")
+            self.mark_strict = strict_level == "parameter"
+            self.parser_cls = ParserManager.get_parser(tool_parser_name=name, enable_auto_tools=True)
         _quiet_parsers()
 
     def parser(self, request: ChatCompletionRequest) -> Parser | None:
@@ -60,6 +68,10 @@ class ToolCallFormat:
 
     def adjust(self, request: ChatCompletionRequest) -> ChatCompletionRequest:
         """Attach vLLM's guided decoding for tool_choice 'required'/named (and strict tools)."""
+        if self.mark_strict and request.tools:
+            request = request.model_copy(update={"tools": [
+                t.model_copy(update={"function": t.function.model_copy(update={"strict": True})})
+                for t in request.tools]})
         parser = self.parser(request)
         return request if parser is None else parser.adjust_request(request)
 

@@ -24,6 +24,8 @@ def train(args) -> int:
         if (run_dir / "config.yaml").exists():
             raise SystemExit(f"{run_dir} already holds a run: resume it with `rlvr train --resume {run_dir}`, "
                              f"delete it, or choose another trainer.run_dir=...")
+    from cli.doctor import preflight_or_exit
+    preflight_or_exit(cfg)  # before any actor starts: a missing sandbox or model folder fails here
     if cfg.warm_start.enabled and not args.resume:
         from orchestrator.warm_start import run_warm_start  # reuses a finished warm-start folder
 

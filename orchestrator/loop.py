@@ -91,7 +91,7 @@ class Trainer:
         self._probe(f"after resume sync at step {step}")
         return step + 1
 
-    def _probe(self, when: str) -> float:
+    def _probe(self, when: str) -> tuple[float, float]:
         return run_parity_probe(self.learner, self.workers, self.parity_ids, self.cfg.sync.parity_threshold, when)
 
     # ---- the loop ----------------------------------------------------------------
@@ -123,22 +123,33 @@ class Trainer:
         _refuse_all_failed(step, episodes)
         samples = self._to_samples([e for g in sampled.kept for e in sampled.train[g]])
         stats = _episode_stats([e for g in sampled.train.values() for e in g])
-        ray.get([w.sleep.remote() for w in self.workers])
+        memory = {"mem/awake_gib": self._device_memory()}
+        with timed("sleep", timings):
+            ray.get([w.sleep.remote() for w in self.workers])
+        memory["mem/asleep_gib"] = self._device_memory()
         with timed("learn", timings):
             learn = self._learn(step, samples)
-        with timed("sync", timings):
+        with timed("wake", timings):
             ray.get([w.wake.remote() for w in self.workers])
+        memory["mem/woken_gib"] = self._device_memory()
+        with timed("sync", timings):
             if learn:
                 self.weight_sync.sync(self.learner, self.workers, step)
         with timed("probe", timings):
-            gap = self._probe(f"after {'sync' if learn else 'wake'} at step {step}")
+            gap, gap_max = self._probe(f"after {'sync' if learn else 'wake'} at step {step}")
         fresh = [e.record for gid, g in sampled.groups.items() if gid not in sampled.reused for e in g]
         gen_tokens = sum(r.tokens for r in fresh)
         return {**stats, **sampled.metrics(), **{f"learner/{k}": v for k, v in learn.items()},
                 "loss": learn.get("loss"), "gen_tokens": gen_tokens,
                 "gen_tokens_per_s": gen_tokens / max(timings["time_rollout_s"], 1e-9),
+                "gen_tokens_mean": statistics.fmean(e.record.tokens for e in episodes),
                 **timings, **step_time_budget(fresh, timings["time_rollout_s"], timings),
-                "parity_gap": gap, "train_samples": len(samples), "nodes": self.nodes}
+                **{k: v for k, v in memory.items() if v is not None},
+                "parity_gap": gap, "parity_gap_max": gap_max, "train_samples": len(samples), "nodes": self.nodes}
+
+    def _device_memory(self) -> float | None:
+        """GiB in use on the first rollout worker's GPU (engine + co-located learner); None on CPU."""
+        return ray.get(self.workers[0].device_memory_gib.remote())
 
     def _learn(self, step: int, samples: list[TrainSample]) -> dict:
         """One learner update on the samples that carry a learning signal; {} when none does."""

@@ -18,10 +18,12 @@ def parity_gap(learner_lp: list[float], served_lp: list[float]) -> tuple[float, 
     return sum(diffs) / len(diffs), max(diffs)
 
 
-def run_parity_probe(learner, workers: list, token_ids: list[int], threshold: float, when: str) -> float:
+def run_parity_probe(learner, workers: list, token_ids: list[int], threshold: float,
+                     when: str) -> tuple[float, float]:
+    """The worst worker's (mean, max) |Δ log-prob|; raises ParityError past the threshold (on the mean)."""
     served = [w.prompt_logprobs.remote(token_ids) for w in workers]
     learner_lp = learner.sequence_logprobs(token_ids)
-    worst = 0.0
+    worst, worst_max = 0.0, 0.0
     for i, served_lp in enumerate(ray.get(served)):
         mean_gap, max_gap = parity_gap(learner_lp, served_lp)
         if mean_gap > threshold:
@@ -29,5 +31,5 @@ def run_parity_probe(learner, workers: list, token_ids: list[int], threshold: fl
                 f"parity probe failed {when}: rollout worker {i} serves a policy that differs from the "
                 f"learner's (mean |Δ log-prob| = {mean_gap:.4f}, max {max_gap:.4f}, threshold {threshold}). "
                 f"The weight sync did not take effect; check sync.strategy and the worker's adapter state.")
-        worst = max(worst, mean_gap)
-    return worst
+        worst, worst_max = max(worst, mean_gap), max(worst_max, max_gap)
+    return worst, worst_max

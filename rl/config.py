@@ -39,6 +39,9 @@ class RolloutConfig(Section):
     num_gpus: float = Field(0.0, ge=0, description="GPU fraction per worker (0 on CPU)")
     num_cpus: float = Field(1.0, gt=0, description="always explicit: a GPU-only actor still reserves 1 CPU")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    kv_cache_memory_gib: float | None = Field(
+        None, gt=0, description="KV cache size in GiB (vLLM kv_cache_memory_bytes); set, it replaces the "
+                                "gpu_memory_utilization sizing: an engine that must fit a smaller card than it runs on")
     max_model_len: int = Field(4096, ge=128)
     enforce_eager: bool = True
     sleep_level: Literal[0, 1, 2] = 1  # 0 = never sleep; on CPU sleep is a logged no-op
@@ -68,6 +71,8 @@ class LearnerConfig(Section):
     num_learners: int = Field(1, ge=1, description=">1: data-parallel group, gradients all-reduced")
     num_gpus: float = Field(0.0, ge=0)
     num_cpus: float = Field(1.0, gt=0)
+    gpu_memory_fraction: float = Field(1.0, gt=0, le=1, description="cap on the learner's share of its GPU "
+                                       "(torch.cuda.set_per_process_memory_fraction); the rest is vLLM's")
     lora_rank: int = Field(16, ge=1)
     lora_alpha: int = Field(32, ge=1)
     lora_dropout: float = Field(0.0, ge=0, lt=1)
@@ -237,6 +242,8 @@ class WarmStartConfig(Section):
     lora_target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     max_length: int = Field(4096, ge=128, description="tokens per row; longer rows are cut")
     gradient_checkpointing: bool = False
+    activation_offload: bool = Field(False, description="TRL activation offloading to host memory (long rows on a "
+                                     "24 GiB GPU); with gradient_checkpointing")
     cpu_bf16: bool = Field(True, description="on CPUs with AMX/AVX512-BF16, bf16 autocast (fp32 weights)")
     torch_threads: int = Field(0, ge=0, description="CPU threads for SFT; 0 = every core (OMP_NUM_THREADS=1 "
                                "from the Makefile would otherwise make it ~3x slower)")
@@ -282,6 +289,11 @@ class RunConfig(Section):
             raise ValueError(
                 "ray.expandable_segments=true collides with vLLM sleep mode (allocator error in "
                 "backward on long sequences); set ray.expandable_segments=false or rollout.sleep_level=0")
+        if self.rollout.num_gpus > 0 and self.rollout.sleep_level == 2 and self.sync.strategy == "lora":
+            raise ValueError(
+                "rollout.sleep_level=2 drops the engine's weights and waking reloads them, which vLLM 0.26 (the GPU "
+                "release) cannot do on an engine built for LoRA (sync.strategy=lora); set sync.strategy=merged "
+                "or rollout.sleep_level=1")
         if self.rollout.max_tokens >= self.rollout.max_model_len:
             raise ValueError(
                 f"rollout.max_tokens={self.rollout.max_tokens} leaves no room for a prompt in "

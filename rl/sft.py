@@ -47,7 +47,8 @@ def _sft_args(cfg: WarmStartConfig, trainer_dir: Path, cuda: bool, bf16: bool):
         lr_scheduler_type="cosine", warmup_steps=0.05, logging_steps=1, save_strategy="steps",
         save_steps=cfg.save_steps, save_total_limit=2, report_to=[], seed=cfg.seed,
         max_length=cfg.max_length, use_cpu=not cuda, bf16=bf16,
-        gradient_checkpointing=cfg.gradient_checkpointing, dataloader_num_workers=0,
+        gradient_checkpointing=cfg.gradient_checkpointing, activation_offloading=cfg.activation_offload,
+        dataloader_num_workers=0,
         disable_tqdm=False, remove_unused_columns=True)
 
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up of a fresh machine: system packages, the project venv (.venv), a
 # world-readable sandbox Python and pi under $RLVR_HOME, and the default model.
+# `--gpu` (make setup-gpu): the venv gets the GPU stack instead (requirements/gpu.lock:
+# vLLM 0.26.0, TRL, flash-linear-attention; torch 2.11.0 and its CUDA libraries as vLLM pins them).
 # Everything the unprivileged sandbox user runs must be world-readable, so it lives
 # outside /root (mode 0700 on these machines).
 set -euo pipefail
@@ -8,13 +10,16 @@ cd "$(dirname "$0")/.."
 RLVR_HOME=${RLVR_HOME:-/opt/agentic-rlvr}
 PI_VERSION=0.73.1   # must match scripts/pi/package-lock.json
 VENV=.venv
+GPU=0; [ "${1:-}" = "--gpu" ] && GPU=1
 log() { printf '[setup] %s\n' "$*"; }
 
 # --- system packages -------------------------------------------------------------
 need_apt=()
 command -v bwrap >/dev/null || need_apt+=(bubblewrap)
 command -v node >/dev/null || need_apt+=(nodejs npm)
-[ -x /usr/bin/python3.11 ] || need_apt+=(python3.11 python3.11-venv)
+PYBIN=/usr/bin/python3.11
+[ $GPU = 1 ] && [ -x /usr/bin/python3.12 ] && PYBIN=/usr/bin/python3.12   # the GPU lock was made for 3.12
+[ -x $PYBIN ] || need_apt+=("$(basename $PYBIN)" "$(basename $PYBIN)-venv")
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "apt-get install ${need_apt[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
@@ -24,9 +29,22 @@ fi
 # The stamp holds the lock's hash, so a changed lock reinstalls; `scripts/lock.py check`
 # then proves the venv is the lock, no more and no less (`make lock` refreshes it).
 LOCK=requirements/cpu.lock
+[ $GPU = 1 ] && LOCK=requirements/gpu.lock
 stamp=$(sha256sum "$LOCK" pyproject.toml | sha256sum | cut -d' ' -f1)
-if [ "$(cat "$VENV/.setup-done" 2>/dev/null)" != "$stamp" ]; then
-  [ -d "$VENV" ] || { log "creating $VENV"; python3.11 -m venv "$VENV"; }
+if [ $GPU = 1 ] && [ "$(cat "$VENV/.setup-done" 2>/dev/null)" != "$stamp" ]; then
+  # The GPU lock pins the GPU extra's own packages (hash-checked); torch, its CUDA libraries
+  # and the rest of vLLM's tree come from vLLM's own exact pins, resolved by pip here.
+  [ -d "$VENV" ] || { log "creating $VENV ($PYBIN)"; $PYBIN -m venv "$VENV"; }
+  PIP="$VENV/bin/pip --disable-pip-version-check -q"
+  log "installing $LOCK (hash-checked), then vLLM's pinned dependencies"
+  $PIP install --require-hashes --no-deps -r "$LOCK"
+  $PIP install $(sed -n 's/^\([A-Za-z0-9_.-]*==[^ ]*\) .*/\1/p' "$LOCK")
+  $PIP install -e ".[test]"
+  "$VENV/bin/python" -m cli.main doctor || true   # the preflight table: GPU, versions, kernels, memory
+  echo "$stamp" > "$VENV/.setup-done"
+fi
+if [ $GPU = 0 ] && [ "$(cat "$VENV/.setup-done" 2>/dev/null)" != "$stamp" ]; then
+  [ -d "$VENV" ] || { log "creating $VENV"; $PYBIN -m venv "$VENV"; }
   PIP="$VENV/bin/pip --disable-pip-version-check -q"
   log "installing $LOCK (hash-checked, no resolution)"
   $PIP install --require-hashes --no-deps -r "$LOCK"

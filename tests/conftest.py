@@ -17,3 +17,14 @@ for key, value in {**engine_env_vars(RolloutConfig(), threads=1), "MKL_NUM_THREA
 def model_path() -> str:
     from rl.default_model import resolve_model_path
     return resolve_model_path("default")
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests need a CUDA device: skipped, with the reason, where torch sees none."""
+    import torch
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (gpu marker)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

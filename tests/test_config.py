@@ -53,6 +53,7 @@ def test_dotted_overrides_are_typed():
     (["ray.expandable_segments=true"], "expandable_segments"),
     (["rollout.max_tokens=4096", "rollout.max_model_len=2048"], "max_tokens"),
     (["scaffold.max_episode_tokens=9000", "rollout.max_model_len=2048"], "max_episode_tokens"),
+    (["rollout.num_gpus=0.5", "rollout.sleep_level=2", "sync.strategy=lora"], "sync.strategy=merged"),
 ])
 def test_known_bad_combinations_rejected(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -62,6 +63,7 @@ def test_known_bad_combinations_rejected(overrides, message):
 def test_known_bad_combinations_have_escape_hatches():
     load_config(None, ["learner.lora_target_modules=[q_proj, lm_head]", "learner.loss_impl=naive"])
     load_config(None, ["ray.expandable_segments=true", "rollout.sleep_level=0"])
+    load_config(None, ["rollout.num_gpus=0.5", "rollout.sleep_level=2", "sync.strategy=merged"])
 
 
 @pytest.mark.parametrize("argv", [["train", "trainer.stepz=3"], ["eval", "trainer.stepz=3"],

@@ -64,5 +64,5 @@ def test_warm_start_teaches_the_agent_to_edit(tmp_path, fresh_ray):
     learners = spawn_learners(served, str(merged))
     from transformers import AutoTokenizer
     token_ids = AutoTokenizer.from_pretrained(merged)(served.sync.parity_text)["input_ids"]
-    gap = run_parity_probe(learners, [worker], token_ids, served.sync.parity_threshold, "on the merged warm start")
+    gap, _ = run_parity_probe(learners, [worker], token_ids, served.sync.parity_threshold, "on the merged warm start")
     assert gap < served.sync.parity_threshold

@@ -1,0 +1,124 @@
+"""Warm-start SFT memory and speed on the Qwen3.5-4B shape under a GPU memory cap.
+
+The same trainer as `rlvr warm-start` (rl/sft.py's TRL SFTConfig: pre-tokenized rows, PEFT
+LoRA, TRL's chunked NLL loss, which never materialises the [tokens, vocab] logits), one row of
+N tokens per step, random weights in the real shape (vocab 248,320). Each configuration runs
+in its own process, capped with torch.cuda.set_per_process_memory_fraction, so a 24 GiB card
+is stood in for on a larger one. Levers, in the order tried: gradient checkpointing, then
+activation offloading to host memory.
+
+    python -m bench.sft_memory --tokens 8192 16384 --cap-gib 24 --json docs/results/sft_memory_h200.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+LEVERS = {"gc": dict(gradient_checkpointing=True), "gc+offload": dict(gradient_checkpointing=True,
+                                                                      activation_offload=True)}
+
+
+def worker(tokens: int, lever: str, cap_gib: float, steps: int) -> dict:
+    import tempfile
+
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, TrainerCallback
+    from trl import SFTTrainer
+
+    from bench.learner_memory import QWEN35_4B
+    from bench.qwen35_checkpoint import tiny_tokenizer
+    from rl.config import WarmStartConfig
+    from rl.sft import _sft_args
+
+    total = torch.cuda.mem_get_info()[1]
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * 2**30 / total))
+    cfg = AutoConfig.for_model("qwen3_5_text", **QWEN35_4B, layer_types=[
+        "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(QWEN35_4B["num_hidden_layers"])])
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    ws = WarmStartConfig(max_length=tokens, **LEVERS[lever])
+    g = torch.Generator().manual_seed(0)
+    rows = [{"input_ids": torch.randint(0, 248000, (tokens,), generator=g).tolist(),
+             "assistant_masks": [0] * (tokens // 4) + [1] * (tokens - tokens // 4)} for _ in range(steps)]
+    marks: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            torch.cuda.synchronize()
+            marks.append(time.perf_counter())
+
+    with tempfile.TemporaryDirectory() as tmp:
+        args = _sft_args(ws, Path(tmp), cuda=True, bf16=True)
+        args.max_steps, args.gradient_accumulation_steps = steps, 1
+        args.save_strategy, args.disable_tqdm = "no", True
+        peft = LoraConfig(r=ws.lora_rank, lora_alpha=ws.lora_alpha, target_modules=list(ws.lora_target_modules),
+                          task_type="CAUSAL_LM")
+        trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
+                             processing_class=tiny_tokenizer(), peft_config=peft, callbacks=[Clock()])
+        torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        try:
+            trainer.train()
+            status = "ok"
+        except torch.OutOfMemoryError:
+            status = "OOM"
+    step_s = [b - a for a, b in zip([start, *marks[:-1]], marks)]
+    steady = step_s[1:] or step_s
+    out = {"tokens": tokens, "lever": lever, "cap_gib": cap_gib, "status": status,
+           "peak_gib": torch.cuda.max_memory_allocated() / 2**30, "step_s": step_s}
+    if status == "ok":
+        out["s_per_1k_tokens"] = sum(steady) / len(steady) / (tokens / 1000)
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| tokens | levers | status | peak GiB | s / step (steady) | s per 1k tokens |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        steady = r["step_s"][1:] or r["step_s"]
+        s = f"{sum(steady) / len(steady):.2f}" if steady and r["status"] == "ok" else "-"
+        k = f"{r['s_per_1k_tokens']:.3f}" if "s_per_1k_tokens" in r else "-"
+        lines.append(f"| {r['tokens']} | {r['lever']} | {r['status']} | {r['peak_gib']:.2f} | {s} | {k} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[8192, 16384])
+    ap.add_argument("--cap-gib", type=float, default=24.0)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--levers", nargs="+", default=list(LEVERS), help="tried in order until one fits")
+    ap.add_argument("--json")
+    ap.add_argument("--worker", nargs=2, metavar=("TOKENS", "LEVER"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        print("RESULT " + json.dumps(worker(int(a.worker[0]), a.worker[1], a.cap_gib, a.steps)), flush=True)
+        return
+    rows = []
+    for tokens in a.tokens:
+        for lever in a.levers:
+            proc = subprocess.run([sys.executable, "-m", "bench.sft_memory", "--worker", str(tokens), lever,
+                                   "--cap-gib", str(a.cap_gib), "--steps", str(a.steps)],
+                                  capture_output=True, text=True)
+            found = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            row = json.loads(found[-1][7:]) if found else {
+                "tokens": tokens, "lever": lever, "status": f"crashed (rc {proc.returncode})", "peak_gib": 0.0,
+                "step_s": [], "stderr_tail": proc.stderr[-2000:]}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            if row["status"] == "ok":
+                break
+    print(table(rows))
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps({"args": vars(a), "rows": rows, "table": table(rows)}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""`rlvr doctor`: the preflight table for this host and a config, each failure with its fix.
+
+`rlvr train` runs the same checks (all but the GPU kernel agreement run) before it starts
+any actor, and stops on a failure."""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from rl.config import load_config
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+
+
+def doctor(args) -> int:
+    from orchestrator.preflight import failures, format_table, run_checks
+
+    config, overrides = args.config, list(args.overrides)
+    if config and "=" in config and not Path(config).exists():
+        config, overrides = None, [config, *overrides]
+    cfg = load_config(config or DEFAULT_CONFIG, overrides)
+    checks = run_checks(cfg, full=args.full)
+    print(format_table(checks))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps([asdict(c) for c in checks], indent=1))
+    bad = failures(checks)
+    if bad:
+        print(f"rlvr doctor: {len(bad)} check(s) failed", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def preflight_or_exit(cfg) -> None:
+    """The cheap checks before training: stop with the table when one fails."""
+    from orchestrator.preflight import failures, format_table, run_checks
+
+    checks = run_checks(cfg, full=False)
+    if failures(checks):
+        raise SystemExit(f"rlvr train: preflight failed (see `rlvr doctor`):\n{format_table(checks)}")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("doctor", help="preflight table: GPU, versions vs the locks, kernels, sandbox, pi, model, memory")
+    p.add_argument("config", nargs="?", help=f"run config YAML (default: {DEFAULT_CONFIG.name})")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.path=/models/Qwen3.5-4B")
+    p.add_argument("--full", action="store_true", help="also run the GPU kernel agreement check (seconds)")
+    p.add_argument("--json", metavar="PATH", help="also write the checks as JSON")
+    p.set_defaults(func=doctor)

@@ -1,0 +1,118 @@
+"""On a CUDA GPU (marker `gpu`; skipped elsewhere): the vLLM engine's sleep and wake, weight sync
+into a GPU engine (LoRA and merged), and served-vs-learner parity on a Qwen3.5 (Gated-DeltaNet)
+checkpoint in the layout it ships in. A tiny random model with the 4B model's head sizes."""
+import json
+import os
+import random
+
+import pytest
+
+from orchestrator.parity import parity_gap
+from rl.config import LearnerConfig, ModelConfig, RolloutConfig, SyncConfig
+from rl.types import TrainSample
+
+pytestmark = pytest.mark.gpu
+THRESHOLD = SyncConfig().parity_threshold
+MODEL = ModelConfig(dtype="bfloat16")
+RESULTS = os.environ.get("RLVR_GPU_RESULTS")  # a folder: each test also writes its numbers there
+
+
+def _record(name: str, data: dict) -> None:
+    print(name, json.dumps(data))
+    if RESULTS:
+        os.makedirs(RESULTS, exist_ok=True)
+        with open(os.path.join(RESULTS, "gpu_tests.jsonl"), "a") as f:
+            f.write(json.dumps({"test": name, **data}) + "\n")
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    from bench.qwen35_checkpoint import build
+    out = tmp_path_factory.mktemp("qwen35-tiny")
+    build(out, "tiny", device="cuda", end_token_p=0.1)
+    return str(out)
+
+
+def _worker(ckpt, sleep_level, lora):
+    from actors.rollout_worker import RolloutWorker
+    cfg = RolloutConfig(num_gpus=1, kv_cache_memory_gib=2, gpu_memory_utilization=0.2, max_model_len=1024,
+                        max_tokens=24, temperature=0, sleep_level=sleep_level)
+    return RolloutWorker(ckpt, cfg, MODEL, enable_lora=lora, max_lora_rank=8)
+
+
+def _learner(ckpt):
+    from actors.learner import Learner
+    return Learner(ckpt, LearnerConfig(num_gpus=1, lr=2e-2, lora_rank=8, lora_alpha=16), MODEL, seed=0)
+
+
+def _train(learner, steps=3):
+    rng = random.Random(0)
+    vocab = 400
+    for _ in range(steps):
+        samples = [TrainSample(ids, [0] * 8 + [1] * 24, [-5.0] * 32, advantage=a, group_id="g")
+                   for a in (1.0, -1.0) for ids in [[rng.randrange(vocab) for _ in range(32)]]]
+        learner.train_step(samples)
+
+
+def _probe(worker):
+    return [int(t) for t in worker.tokenizer("The quick brown fox jumps over the lazy dog. def add(a, b):")["input_ids"]]
+
+
+def test_sleep_wake_and_lora_sync_into_a_gpu_engine(ckpt, tmp_path):
+    worker = _worker(ckpt, sleep_level=1, lora=True)
+    learner = _learner(ckpt)
+    try:
+        prompt = _probe(worker)[:8]
+        before = worker.generate([prompt], 1)[0][0].token_ids
+        awake = worker.device_memory_gib()
+        worker.sleep()
+        asleep = worker.device_memory_gib()
+        worker.wake()
+        after = worker.generate([prompt], 1)[0][0].token_ids
+        assert after == before, "greedy tokens changed across sleep/wake"
+        assert awake - asleep > 1.5, f"sleep freed only {awake - asleep:.2f} GiB (the KV cache alone is 2)"
+
+        probe = _probe(worker)
+        base = parity_gap(learner.sequence_logprobs(probe), worker.prompt_logprobs(probe))
+        _train(learner)
+        stale = parity_gap(learner.sequence_logprobs(probe), worker.prompt_logprobs(probe))
+        worker.load_lora_adapter(learner.save_adapter(str(tmp_path / "adapter")))
+        synced = parity_gap(learner.sequence_logprobs(probe), worker.prompt_logprobs(probe))
+        _record("lora_sync_level1", {"freed_gib": awake - asleep, "base_gap": base, "stale_gap": stale,
+                                     "synced_gap": synced})
+        assert base[0] < THRESHOLD and synced[0] < THRESHOLD
+        assert stale[0] > THRESHOLD, "training did not move the learner away from the served policy"
+    finally:
+        worker.shutdown()
+
+
+def test_merged_sync_and_level2_wake_reload_the_trained_weights(ckpt, tmp_path):
+    worker = _worker(ckpt, sleep_level=2, lora=False)
+    learner = _learner(ckpt)
+    try:
+        probe = _probe(worker)
+        _train(learner)
+        worker.reload_weights(learner.save_merged(str(tmp_path / "merged")))
+        synced = parity_gap(learner.sequence_logprobs(probe), worker.prompt_logprobs(probe))
+        awake = worker.device_memory_gib()
+        worker.sleep()
+        asleep = worker.device_memory_gib()
+        worker.wake()                    # level 2 dropped the weights: the merged ones come back
+        woken = parity_gap(learner.sequence_logprobs(probe), worker.prompt_logprobs(probe))
+        _record("merged_sync_level2", {"freed_gib": awake - asleep, "synced_gap": synced, "after_wake_gap": woken})
+        assert synced[0] < THRESHOLD and woken[0] < THRESHOLD
+        assert awake - asleep > 1.5
+    finally:
+        worker.shutdown()
+
+
+def test_gated_deltanet_parity_prefill_and_decode(ckpt):
+    from bench.gpu_parity import measure, prompts_for
+    worker = _worker(ckpt, sleep_level=0, lora=False)
+    learner = _learner(ckpt)
+    try:
+        res = measure(worker, learner, prompts_for(worker.tokenizer)[:6], 48)
+        _record("gdn_parity_tiny", {**res, "learner_kernels": learner.fast_kernels.get("reason")})
+        assert res["prefill_vs_learner"]["mean"] < THRESHOLD and res["decode_vs_learner"]["mean"] < THRESHOLD
+    finally:
+        worker.shutdown()
