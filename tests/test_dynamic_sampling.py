@@ -34,7 +34,7 @@ class ScriptedLengths:
     def group_specs(self, step: int) -> list[GroupSpec]:
         return [GroupSpec(f"s{step}-g{j}-{self.names[j]}", j) for j in range(self.batch_size)]
 
-    def run_groups(self, specs: list[GroupSpec], step: int, on_group_done) -> None:
+    def run_groups(self, specs: list[GroupSpec], step: int, on_group_done, on_episode_done=None) -> None:
         for s in specs:
             self.rolled.append(s.group_id)
             name = self.names[s.index]
