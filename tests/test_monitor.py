@@ -18,6 +18,8 @@ from tests.headless_browser import Browser, find_chromium
 
 REPO = Path(__file__).resolve().parent.parent
 RLVR = [sys.executable, "-m", "cli.main"]
+# a loaded 2-core box can take longer than Ray's default to start a node's agent
+SLOW_BOX_ENV = {**os.environ, "RAY_agent_register_timeout_ms": "120000", "RAY_raylet_start_wait_time_s": "120"}
 # every scalar card on the page: its tag and the vertices of its drawn line (SVG renderer)
 CARDS_JS = """(() => [...document.querySelectorAll('scalar-card')].map(c => ({
   tag: (c.querySelector('.tag') || c.querySelector('[title]') || {}).title || null,
@@ -60,7 +62,7 @@ def test_monitor_shows_the_live_reward_curve_in_a_browser(tmp_path, model_path):
     with console.open("w") as out:
         train = subprocess.Popen([*RLVR, "train", str(REPO / "configs" / "length.yaml"), f"trainer.run_dir={run_dir}",
                                   "trainer.steps=8", "trainer.batch_size=2", "trainer.group_size=4"],
-                                 cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+                                 cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=SLOW_BOX_ENV)
     monitor = browser = None
     try:
         _wait(run_dir.is_dir, 120, "the run directory", train)
