@@ -1,7 +1,7 @@
 """`rlvr monitor` in a real browser: during a short real training run, headless Chromium opens
 the viewer and finds the reward curve with at least two points on the page.
 
-RLVR_MONITOR_SCREENSHOT=path keeps the screenshot (docs/results/monitor/ holds one)."""
+RLVR_MONITOR_SCREENSHOT=path keeps the screenshot (docs/results/monitor/ holds one of the page)."""
 import os
 import re
 import signal
