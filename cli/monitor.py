@@ -2,7 +2,7 @@
 TensorBoard on the run's tracker folder (`logging.backends: [tensorboard]`)."""
 from __future__ import annotations
 
-import subprocess
+import os
 import sys
 from pathlib import Path
 
@@ -22,7 +22,8 @@ def monitor(args) -> int:
         print(f"[rlvr] {tensorboard_dir(run_dir)} does not exist yet: it appears at the first step of a run "
               f"with logging.backends=[tensorboard]; the viewer picks it up then", flush=True)
     print(f"[rlvr] live curves of {run_dir}: http://{args.host}:{args.port}/ (Ctrl-C stops the viewer)", flush=True)
-    return subprocess.call(monitor_command(run_dir, args.port, args.host))
+    cmd = monitor_command(run_dir, args.port, args.host)
+    os.execv(cmd[0], cmd)  # the viewer takes this process over: stopping it stops TensorBoard
 
 
 def register(sub) -> None:
