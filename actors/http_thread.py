@@ -29,3 +29,12 @@ class ThreadedServer:
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=10)
+
+
+def bind_address(host: str, spans_nodes: bool) -> str:
+    """rollout.server_host: 'auto' is loopback when the run is on one node, and this node's
+    own address when it spans nodes (never all interfaces); anything else is taken as given."""
+    if host != "auto":
+        return host
+    import ray
+    return ray.util.get_node_ip_address() if spans_nodes and ray.is_initialized() else "127.0.0.1"

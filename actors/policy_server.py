@@ -429,11 +429,3 @@ def _advertised_host(bind_host: str) -> str:
     import ray
     return ray.util.get_node_ip_address() if ray.is_initialized() else socket.gethostbyname(socket.gethostname())
 
-
-def bind_address(host: str, spans_nodes: bool) -> str:
-    """rollout.server_host: 'auto' is loopback when the run is on one node, and this node's
-    own address when it spans nodes (never all interfaces); anything else is taken as given."""
-    if host != "auto":
-        return host
-    import ray
-    return ray.util.get_node_ip_address() if spans_nodes and ray.is_initialized() else "127.0.0.1"

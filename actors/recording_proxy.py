@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from actors.chat_format import conversation_calls
-from actors.http_thread import ThreadedServer
+from actors.http_thread import ThreadedServer, bind_address
 from rl.types import CallRecord
 
 
@@ -76,13 +76,13 @@ def response_message(body: dict) -> dict | None:
 
 class RecordingProxy:
     def __init__(self, upstream: str, upstream_model: str, api_key: str | None, model_path: str,
-                 host: str = "127.0.0.1", timeout_s: float = 600.0) -> None:
+                 host: str = "127.0.0.1", timeout_s: float = 600.0, spans_nodes: bool = False) -> None:
         from transformers import AutoTokenizer
         self.upstream = upstream.rstrip("/")
         self.upstream_model = upstream_model
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.host, self.timeout_s = host, timeout_s
+        self.host, self.timeout_s = bind_address(host, spans_nodes), timeout_s
         self._lock = threading.Lock()
         self._last: dict[str, tuple[dict, dict]] = {}    # episode -> (request body, reply message)
         self._server: ThreadedServer | None = None

@@ -203,7 +203,8 @@ class RolloutWorker:
         nodes (environment actors elsewhere must reach it); never all interfaces."""
         if self._server is None:
             # FastAPI + vLLM's protocol: only where served
-            from actors.policy_server import PolicyServer, bind_address
+            from actors.http_thread import bind_address
+            from actors.policy_server import PolicyServer
             cfg = self.cfg.model_copy(update={"server_host": bind_address(self.cfg.server_host, spans_nodes)})
             self._server = PolicyServer(self.policy, self.tokenizer, cfg, self.model_cfg)
             self._server.start()

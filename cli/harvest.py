@@ -50,7 +50,7 @@ def harvest_command(args) -> int:
     else:
         server, base_url = start_policy(cfg)
         model_id = cfg.eval.model_id
-    env_actors = spawn_env_actors(cfg)
+    env_actors = spawn_env_actors(cfg, tasks=tasks)
     harvester = spawn_evaluator(cfg, str(out), harvest=True)
     print(f"[rlvr harvest] {len(tasks)} training tasks x k={cfg.eval.k} via {cfg.scaffold.name} "
           f"against {args.base_url or cfg.model.path} -> {out}", flush=True)

@@ -216,7 +216,8 @@ def start_recording_proxy(cfg: RunConfig, upstream: str, upstream_model: str, ap
     """A RecordingProxy in front of another OpenAI-compatible endpoint: (handle, base_url)."""
     connect(cfg)
     proxy = ray.remote(RecordingProxy).options(num_cpus=0.1, max_concurrency=8, name=actor_name("proxy")).remote(
-        upstream, upstream_model, api_key, resolve_model_path(cfg.model.path), cfg.rollout.server_host)
+        upstream, upstream_model, api_key, resolve_model_path(cfg.model.path), cfg.rollout.server_host,
+        spans_nodes=alive_nodes() > 1)
     return proxy, ray.get(proxy.start.remote())
 
 

@@ -4,7 +4,7 @@ that names a node lacking what environment actors need."""
 import pytest
 import ray
 
-from actors.policy_server import bind_address
+from actors.http_thread import bind_address
 from orchestrator.cluster import bundles, spawn_env_actors
 from orchestrator.node_check import NodeNotReady, check_env_node
 from orchestrator.storage import RunStorage
