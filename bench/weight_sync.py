@@ -44,7 +44,8 @@ def main() -> None:
     rows = []
     run_dir = Path(tempfile.mkdtemp(prefix="bench-sync-"))
     for strategy in args.strategies.split(","):
-        cfg = RunConfig.model_validate({"sync": {"strategy": strategy}, "rollout": {"max_model_len": 512},
+        cfg = RunConfig.model_validate({"sync": {"strategy": strategy}, "task": {"kind": "length"},
+                                        "rollout": {"max_model_len": 512},
                                         "learner": {"lr": 1e-3, "gradient_checkpointing": False}})
         connect(cfg)
         [worker] = spawn_rollout_workers(cfg, path)
