@@ -236,6 +236,7 @@ def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic
         log(f"[mine] {info.filename}: {len(stable)} stable passing tests, {report.flaky_tests} flaky, "
             f"{len(runs[0].outcomes) - len(runs[0].passed)} not passing")
         contexts = _coverage_contexts(sb0, co0, packages, test_command, timeout_s)
+        log(f"[mine] coverage: {sum(len(v) for v in contexts.values())} lines of {len(contexts)} files ran in tests")
         report.functions = len({(c.module_path, c.qualname) for c in cands})
         kept = _select(cands, contexts, stable, report.dropped)
         verified = len(kept)
