@@ -8,6 +8,7 @@
    whole suite once: every stable test that now fails is FAIL_TO_PASS (coverage cannot see a
    body run in a child process, e.g. a test that runs the library's CLI in a subprocess: those
    tests are found here, and recorded in meta["f2p_outside_coverage"]); PASS_TO_PASS is the rest.
+Every task's FAIL_TO_PASS tests pass on the original code under the verifier's audit hook.
 A partial stub is kept only if its hole matters: with the hole simply deleted (`pass` in its
 place) some FAIL_TO_PASS test still fails, so removing the marker is never a solution.
 Dropped: bodies run at import (the stub would break importing), bodies shorter than
@@ -17,6 +18,7 @@ function any more).
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -31,7 +33,8 @@ from pathlib import Path
 from typing import Callable
 
 from envs.reward import is_test_path
-from envs.sandbox import Limits, QuotaDir, Sandbox, chown_tree
+from envs.sandbox import INSIDE_REPO, Limits, QuotaDir, Sandbox, chown_tree
+from envs.screen import find_function
 from envs.sdist import SdistInfo, lookup, pristine_tree
 from envs.stubs import MIN_BODY_LINES, Candidate, candidates, problem_statement, stub_for
 from envs.tasks import Task
@@ -176,6 +179,21 @@ def _load_progress(progress: Path | None, stable_id: str) -> dict[str, Task | No
     return out
 
 
+def _reference_passes(sb: Sandbox, c: Candidate, original: str, test_command: list[str], f2p: list[str],
+                      timeout_s: float, per_test_timeout_s: float) -> bool:
+    """The FAIL_TO_PASS tests pass on the original code with the function as the verifier's
+    target (its audit hook on): what the reward will hold the reference body to. Loader or
+    import machinery, for one, does what the hook refuses, and is no task."""
+    fn = find_function(ast.parse(original), c.qualname)
+    if fn is None:
+        return False
+    first = min([fn.lineno] + [d.lineno for d in fn.decorator_list])
+    run = run_tests(sb, test_command, nodeids=f2p, timeout_s=timeout_s, per_test_timeout_s=per_test_timeout_s,
+                    target=(f"{INSIDE_REPO}/{c.module_path}", first, fn.end_lineno))
+    return (run.finished and not run.refused and not run.tampered
+            and all(run.outcomes.get(t) == "passed" for t in f2p))
+
+
 def _spread(items: list, n: int) -> list:
     """n items taken at even strides (all of them when there are no more than n)."""
     if len(items) <= n:
@@ -298,6 +316,8 @@ def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic
                 hole_fails = sum(run.outcomes.get(t) != "passed" for t in f2p)
                 if not hole_fails:
                     return None
+            if not _reference_passes(sb, c, original, test_command, f2p, timeout_s, per_test_timeout_s):
+                return None
             suffix = "" if c.level == "body" else f":{c.level}"
             return Task(
                 id=f"{library}-{info.version}:{c.module_path}:{c.qualname}{suffix}", library=library,
@@ -321,7 +341,7 @@ def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic
             for (i, _), t in zip(lane, results):
                 by_index[i] = t
         tasks = [by_index[i] for i in sorted(by_index) if by_index[i] is not None]
-        report.dropped["stub_not_detected_breaks_import_or_hole_deletable"] = len(kept) - len(tasks)
+        report.dropped["stub_not_detected_breaks_import_hole_deletable_or_refused"] = len(kept) - len(tasks)
         report.tasks = len(tasks)
         report.levels = {lv: sum(t.level == lv for t in tasks) for lv in levels}
         report.test_deps = list(overlay.pins) if overlay else []
