@@ -70,6 +70,7 @@ ENV = ["env.pool_size=2", "env.sandbox_uid_base=64700", f"env.work_root={WORK_RO
 def test_calibration_band_and_a_grpo_step_end_to_end(tmp_path, model_path):
     import ray
 
+    from orchestrator.evaluator import Evaluator
     from orchestrator.loop import Trainer
     from orchestrator.metrics import read_metrics
 
@@ -86,9 +87,9 @@ def test_calibration_band_and_a_grpo_step_end_to_end(tmp_path, model_path):
     records = [json.loads(line) for line in (run_dir / "calibration" / "episodes.jsonl").read_text().splitlines()]
     assert len(records) == 4 and {r["scaffold"] for r in records} == {"pi"}
     assert not {r["task"] for r in records} & set(split.test)
-    # rerun: everything is recorded, nothing runs again
-    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert again.returncode == 0 and "0 episodes to run" in again.stdout + again.stderr
+    # a rerun would run nothing: every (task, sample) has its record (the evaluator's resume rule)
+    cal_cfg = load_config(DEFAULT_CFG, [*ENV, "calibrate.k=2", "calibrate.max_tasks=2"])
+    assert Evaluator(cal_cfg, str(run_dir / "calibration")).pending(calibration_tasks(cal_cfg, run_dir), 2) == []
 
     cfg = load_config(DEFAULT_CFG, [*ENV, f"trainer.run_dir={run_dir}", f"task.band_file={run_dir / BAND_FILE}",
                                     "trainer.steps=1", "trainer.batch_size=1", "trainer.group_size=2",
