@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from envs.mining import function_candidates, mine
+from envs.screen import find_function
 from envs.sdist import lookup, pristine_tree
 from envs.split import TrainedOnError, assert_not_trained_on, load_split, write_split
 from envs.tasks import Task, load_tasks, save_tasks
@@ -19,11 +20,12 @@ def mined():
     return mine("toolz", limit=3, work_root=WORK_ROOT, workers=1)
 
 
-def _docstring(source: str, name: str) -> str | None:
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.FunctionDef) and node.name == name:
-            return ast.get_docstring(node)
-    raise LookupError(name)
+def _docstring(source: str, qualname: str) -> str | None:
+    """The docstring of a function or method ("f" or "Class.method")."""
+    node = find_function(ast.parse(source), qualname)
+    if node is None:
+        raise LookupError(qualname)
+    return ast.get_docstring(node)
 
 
 def test_mined_tasks_are_complete_and_consistent(mined):
