@@ -283,13 +283,14 @@ def chown_tree(path: Path, uid: int) -> None:
             os.lchown(os.path.join(root, name), uid, uid)
 
 
-_HOST_OK: bool | None = None
+_HOST_OK: Path | None = None   # the sandbox Python the host check passed with (RLVR_HOME may move)
 
 
 def check_host() -> None:
     """Raise SandboxUnavailable with the fix if this host cannot run the sandbox."""
     global _HOST_OK
-    if _HOST_OK:
+    py = sandbox_python_dir() / "bin" / "python"
+    if _HOST_OK == py:
         return
     missing = [b for b in ("bwrap", "setpriv", "prlimit", "mount") if shutil.which(b) is None]
     if missing:
@@ -300,7 +301,6 @@ def check_host() -> None:
         raise SandboxUnavailable(
             "cannot sandbox: the environment host process must run as root so it can drop "
             "commands to an unprivileged uid (setpriv) and mount size-limited checkouts")
-    py = sandbox_python_dir() / "bin" / "python"
     if not py.exists():
         raise SandboxUnavailable(
             f"cannot sandbox: no sandbox Python at {py}; run scripts/setup.sh "
@@ -315,7 +315,7 @@ def check_host() -> None:
         raise SandboxUnavailable(
             "cannot sandbox: bwrap failed as an unprivileged user (are unprivileged user "
             f"namespaces enabled? sysctl kernel.unprivileged_userns_clone=1): {probe.stderr.strip()}")
-    _HOST_OK = True
+    _HOST_OK = py
 
 
 class QuotaDir:

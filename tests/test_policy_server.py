@@ -161,13 +161,14 @@ def test_streaming_tool_call_is_parsed_and_recorded_exactly(worker, base):
 def test_rescore_mode_records_the_unconstrained_logprobs(worker, base):
     """rollout.guided_logprobs=rescore: a guided call's log-probs come from a second pass,
     equal to the served policy's prompt log-probs of the same tokens."""
-    worker.cfg.guided_logprobs = "rescore"
+    served = worker._server.cfg       # the server's own copy (its bind address resolved)
+    served.guided_logprobs = "rescore"
     try:
         client(base, "ep-rescore").chat.completions.create(
             model="policy", messages=[{"role": "user", "content": "Show me src/app.py"}], tools=[READ_TOOL],
             tool_choice={"type": "function", "function": {"name": "read"}})
     finally:
-        worker.cfg.guided_logprobs = "learner"
+        served.guided_logprobs = "learner"
     (rec,) = worker.take_episode_calls("ep-rescore")
     assert rec.rescore_s > 0
     scored = worker.prompt_logprobs(rec.prompt_token_ids + rec.completion_token_ids)[len(rec.prompt_token_ids):]
