@@ -17,9 +17,11 @@ log() { printf '[setup] %s\n' "$*"; }
 need_apt=()
 command -v bwrap >/dev/null || need_apt+=(bubblewrap)
 command -v node >/dev/null || need_apt+=(nodejs npm)
-PYBIN=/usr/bin/python3.11
-[ $GPU = 1 ] && [ -x /usr/bin/python3.12 ] && PYBIN=/usr/bin/python3.12   # the GPU lock was made for 3.12
-[ -x $PYBIN ] || need_apt+=("$(basename $PYBIN)" "$(basename $PYBIN)-venv")
+# The venv's Python is the first python3.11 on the PATH (3.11.4+ has tarfile's extraction
+# filters, which envs/sdist.py uses); the apt package only makes sure one exists.
+PYBIN=python3.11
+[ $GPU = 1 ] && command -v python3.12 >/dev/null && PYBIN=python3.12   # the GPU lock was made for 3.12
+[ -x /usr/bin/$PYBIN ] || command -v $PYBIN >/dev/null || need_apt+=("$PYBIN" "$PYBIN-venv")
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "apt-get install ${need_apt[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
