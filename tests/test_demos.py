@@ -14,6 +14,9 @@ from scaffolds.demos import build_demonstration, function_end, unique_old_text
 from tests.envs_fixtures import env_cfg, toolz_tasks
 
 UID = 63700
+# a fresh machine's first test run in a checkout byte-compiles pytest and the test deps: allow
+# more than the suite's usual 10 s per command (the reward's own clock is unchanged)
+DEMO_ENV = dict(command_timeout_s=60.0)
 VOLATILE = re.compile(r"in \d+\.\d+s|0x[0-9a-f]+")   # pytest's timing line, object addresses
 
 
@@ -24,7 +27,7 @@ def tasks():
 
 def replay(task, demo) -> tuple[list[str], float]:
     """Run the demonstration's tool calls again on a fresh checkout: (observations, reward)."""
-    with CodingEnv(task, env_cfg().work_root, env_cfg(), uid=UID + 1) as env:
+    with CodingEnv(task, env_cfg().work_root, env_cfg(**DEMO_ENV), uid=UID + 1) as env:
         seen = []
         for m in demo.messages:
             for call in m.get("tool_calls") or []:
@@ -36,7 +39,7 @@ def replay(task, demo) -> tuple[list[str], float]:
 @pytest.mark.parametrize("recovery", [False, True])
 def test_demonstrations_are_verified_and_replay(tasks, recovery):
     task = tasks[0]
-    demo = build_demonstration(task, env_cfg(), uid=UID, seed=0, recovery=recovery)
+    demo = build_demonstration(task, env_cfg(**DEMO_ENV), uid=UID, seed=0, recovery=recovery)
     assert demo is not None and demo.reward == 1.0, demo and demo.notes
     roles = [m["role"] for m in demo.messages]
     assert roles[:2] == ["system", "user"] and roles[-1] == "assistant"
@@ -63,10 +66,10 @@ def test_demonstrations_of_partial_stubs(level):
     """A partial stub's edit replaces the marked hole with the removed code: the reward is 1.0,
     and the read window shows the whole function, the code after the hole included."""
     task = next(t for t in load_tasks(SHIPPED_TASKS / "toolz-levels.jsonl") if t.level == level)
-    demo = build_demonstration(task, env_cfg(), uid=UID, seed=0, recovery=level == "branch")
+    demo = build_demonstration(task, env_cfg(**DEMO_ENV), uid=UID, seed=0, recovery=level == "branch")
     assert demo is not None and demo.reward == 1.0, demo and demo.notes
     reads = [json.loads(c["function"]["arguments"]) for m in demo.messages for c in m.get("tool_calls") or []
              if c["function"]["name"] == "read"]
-    with CodingEnv(task, env_cfg().work_root, env_cfg(), uid=UID + 1) as env:
+    with CodingEnv(task, env_cfg().work_root, env_cfg(**DEMO_ENV), uid=UID + 1) as env:
         end = function_end(task, (env.checkout / task.module_path).read_text())
     assert reads and reads[0]["offset"] + reads[0]["limit"] > end
