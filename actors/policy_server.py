@@ -45,6 +45,7 @@ except ImportError:
 
 from actors.chat_format import continuation_ids, render_prompt
 from actors.engine import Policy, sampled_logprobs, scored_logprobs
+from actors.http_thread import ThreadedServer
 from actors.tool_parsers import ToolCallFormat, unparsed
 from rl.config import ModelConfig, RolloutConfig
 from rl.types import LEARNER_LOGPROB, CallRecord
@@ -115,33 +116,17 @@ class PolicyServer:
         self.recorder = CallRecorder()
         self.app = self._build_app()
         self.base_url = ""
-        self._uvicorn = None
-        self._thread: threading.Thread | None = None
+        self._http: ThreadedServer | None = None
 
     # --- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
-        import uvicorn
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.cfg.server_host, self.cfg.server_port))
-        port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level="warning", access_log=False, timeout_keep_alive=60)
-        self._uvicorn = uvicorn.Server(config)
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._uvicorn.serve(sockets=[sock])),
-                                        name="policy-server", daemon=True)
-        self._thread.start()
-        deadline = time.time() + 30
-        while not self._uvicorn.started:
-            if not self._thread.is_alive() or time.time() > deadline:
-                raise RuntimeError(f"policy server did not start on {self.cfg.server_host}:{port}")
-            time.sleep(0.02)
-        self.base_url = f"http://{_advertised_host(self.cfg.server_host)}:{port}"
+        self._http = ThreadedServer(self.app, self.cfg.server_host, self.cfg.server_port, name="policy server")
+        self.base_url = f"http://{_advertised_host(self.cfg.server_host)}:{self._http.port}"
         log.info("policy server at %s (episodes: %s/episodes/<id>/v1)", self.base_url, self.base_url)
 
     def stop(self) -> None:
-        if self._uvicorn is not None:
-            self._uvicorn.should_exit = True
-            self._thread.join(timeout=10)
+        if self._http is not None:
+            self._http.stop()
 
     # --- HTTP -----------------------------------------------------------------------
     def _build_app(self) -> FastAPI:
