@@ -3,15 +3,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cli.train import DEFAULT_CONFIG
-from rl.config import load_config
+from cli.config_args import DEFAULT_CONFIG, config_from_args
 
 
 def main(args) -> int:
-    config, overrides = args.config, list(args.overrides)
-    if config and "=" in config and not Path(config).exists():  # only overrides were given
-        config, overrides = None, [config, *overrides]
-    cfg = load_config(config or DEFAULT_CONFIG, overrides)
+    cfg = config_from_args(args)
     run_dir = Path(args.run_dir or cfg.trainer.run_dir)
     from orchestrator.calibrate import BAND_FILE, render_band, run_calibration  # heavy: ray, vLLM
 

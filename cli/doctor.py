@@ -9,18 +9,13 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from rl.config import load_config
-
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+from cli.config_args import DEFAULT_CONFIG, config_from_args
 
 
 def doctor(args) -> int:
     from orchestrator.preflight import failures, format_table, run_checks
 
-    config, overrides = args.config, list(args.overrides)
-    if config and "=" in config and not Path(config).exists():
-        config, overrides = None, [config, *overrides]
-    cfg = load_config(config or DEFAULT_CONFIG, overrides)
+    cfg = config_from_args(args)
     checks = run_checks(cfg, full=args.full)
     print(format_table(checks))
     if args.json:

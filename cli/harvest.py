@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cli.train import DEFAULT_CONFIG
+from cli.config_args import DEFAULT_CONFIG, config_from_args
 from envs.split import select_tasks
-from rl.config import ConfigError, load_config
+from rl.config import ConfigError
 
 
 def register(sub) -> None:
@@ -28,10 +28,7 @@ def register(sub) -> None:
 
 
 def harvest_command(args) -> int:
-    config, overrides = args.config, list(args.overrides)
-    if config and "=" in config and not Path(config).exists():
-        config, overrides = None, [config, *overrides]
-    cfg = load_config(config or DEFAULT_CONFIG, overrides)
+    cfg = config_from_args(args)
     if args.base_url and not args.model:
         raise ConfigError("--base-url needs --model (the name the endpoint serves)")
     if args.k:

@@ -4,9 +4,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from cli.config_args import DEFAULT_CONFIG, config_from_args
 from rl.config import load_config
-
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 
 
 def train(args) -> int:
@@ -16,10 +15,7 @@ def train(args) -> int:
             raise SystemExit(f"--resume {run_dir}: not a run directory (no config.yaml in it)")
         cfg = load_config(run_dir / "config.yaml", args.overrides)
     else:
-        config, overrides = args.config, list(args.overrides)
-        if config and "=" in config and not Path(config).exists():  # only overrides were given
-            config, overrides = None, [config, *overrides]
-        cfg = load_config(config or DEFAULT_CONFIG, overrides)
+        cfg = config_from_args(args)
         run_dir = Path(cfg.trainer.run_dir)
         if (run_dir / "config.yaml").exists():
             raise SystemExit(f"{run_dir} already holds a run: resume it with `rlvr train --resume {run_dir}`, "

@@ -5,15 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cli.train import DEFAULT_CONFIG
-from rl.config import load_config
+from cli.config_args import DEFAULT_CONFIG, config_from_args
 
 
 def main(args) -> int:
-    config, overrides = args.config, list(args.overrides)
-    if config and "=" in config and not Path(config).exists():
-        config, overrides = None, [config, *overrides]
-    cfg = load_config(config or DEFAULT_CONFIG, overrides)
+    cfg = config_from_args(args)
     run_dir = Path(args.run_dir or cfg.trainer.run_dir)
     from orchestrator.warm_start import run_warm_start  # heavy: only once the config is good
 
