@@ -124,17 +124,22 @@ class RolloutWorker:
         """Load merged HF safetensors in place; drops the LoRA and the now-stale prefix cache."""
         if not os.path.isdir(path):
             raise FileNotFoundError(f"reload_weights: {path!r} is not a folder of safetensors")
+        self._reload({"weights_path": path}, path)
+
+    def _reload(self, source: dict, weights) -> None:
+        """Load merged weights in place (from a folder or from memory), drop any adapter and
+        the prefix cache (its entries belong to the old weights)."""
         old = self.lora_request
 
         def reload(engine):
-            engine.collective_rpc("reload_weights", kwargs={"weights_path": path})
+            engine.collective_rpc("reload_weights", kwargs=source)
             engine.reset_prefix_cache()
             if old is not None:
                 engine.remove_lora(old.lora_int_id)
 
         self.loop.call(reload)
         self.policy.adapter = None
-        self._weights = path
+        self._weights = weights
 
     def install_lora(self, files: dict[str, bytes]) -> None:
         """Install an adapter sent as a value (Learner.adapter_files): written to a folder on
@@ -153,17 +158,7 @@ class RolloutWorker:
         """Load merged weights sent as tensors (Learner.merged_weights) in place, from memory."""
         if not tensors:
             raise ValueError("install_weights: got no tensors")
-        old = self.lora_request
-
-        def reload(engine):
-            engine.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(tensors.items())})
-            engine.reset_prefix_cache()
-            if old is not None:
-                engine.remove_lora(old.lora_int_id)
-
-        self.loop.call(reload)
-        self.policy.adapter = None
-        self._weights = tensors
+        self._reload({"weights_iterator": iter(tensors.items())}, tensors)
 
     # --- sleep / wake ---------------------------------------------------------------
     def sleep(self) -> None:
