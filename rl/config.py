@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rl.paths import DEFAULT_WORK_ROOT
 from rl.types import Level
@@ -108,6 +108,12 @@ class LearnerConfig(Section):
     pack_samples: bool = Field(False, description="concatenate a micro-batch's samples into one row (no padding), "
                                                   "boundaries kept by position ids and cu_seqlens")
     torch_threads: int = Field(1, ge=1)
+
+    @field_validator("fast_kernels", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, v):
+        # YAML 1.1 reads a bare on/off (in a file or an override) as a boolean
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
 
     @model_validator(mode="after")
     def _offload_needs_checkpointing(self) -> "LearnerConfig":

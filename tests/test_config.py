@@ -48,6 +48,14 @@ def test_dotted_overrides_are_typed():
         load_config(None, ["sync.strategy=telepathy"])
 
 
+def test_on_off_choices_survive_yaml_booleans():
+    """YAML 1.1 reads a bare on/off as a boolean; the three-way kernel switch still means what was typed."""
+    assert load_config(None, ["learner.fast_kernels=off"]).learner.fast_kernels == "off"
+    assert load_config(None, ["learner.fast_kernels=on"]).learner.fast_kernels == "on"
+    with pytest.raises(ConfigError, match=r"learner\.fast_kernels"):
+        load_config(None, ["learner.fast_kernels=3"])
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["learner.lora_target_modules=[q_proj, lm_head]"], "lm_head"),
     (["ray.expandable_segments=true"], "expandable_segments"),
