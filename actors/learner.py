@@ -125,10 +125,10 @@ class Learner:
                 self.model.enable_input_require_grads()
         elif cfg.activation_offload:
             raise ValueError("learner.activation_offload=true needs learner.gradient_checkpointing=true")
-        self.fast_kernels = {"fast": False, "reason": "off", "check": {}}
-        if cfg.fast_kernels != "off" or cfg.pack_samples:  # packed rows need the boundary-aware wrappers
-            self.fast_kernels = enable_fast_kernels(self.decoder, self.device, required=cfg.fast_kernels == "on",
-                                                    fast=cfg.fast_kernels != "off")
+        # always: "off" must install the PyTorch path, since transformers itself picks fla's kernels
+        # whenever fla is importable (and fla refuses its gated backward on Hopper with Triton < 3.7.1)
+        self.fast_kernels = enable_fast_kernels(self.decoder, self.device, required=cfg.fast_kernels == "on",
+                                                fast=cfg.fast_kernels != "off")
         if cfg.mlp_tile_tokens > 0:
             tile_mlps(self.decoder, cfg.mlp_tile_tokens)
         if cfg.linear_attn_segment_tokens > 0:

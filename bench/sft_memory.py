@@ -34,7 +34,7 @@ def worker(tokens: int, lever: str, cap_gib: float, steps: int) -> dict:
     from bench.learner_memory import QWEN35_4B
     from bench.qwen35_checkpoint import tiny_tokenizer
     from rl.config import WarmStartConfig
-    from rl.sft import _sft_args
+    from rl.sft import _sft_args, select_kernels
 
     total = torch.cuda.mem_get_info()[1]
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * 2**30 / total))
@@ -44,6 +44,7 @@ def worker(tokens: int, lever: str, cap_gib: float, steps: int) -> dict:
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     ws = WarmStartConfig(max_length=tokens, **LEVERS[lever])
+    kernels = select_kernels(model, ws, cuda=True)
     g = torch.Generator().manual_seed(0)
     rows = [{"input_ids": torch.randint(0, 248000, (tokens,), generator=g).tolist(),
              "assistant_masks": [0] * (tokens // 4) + [1] * (tokens - tokens // 4)} for _ in range(steps)]
@@ -71,7 +72,7 @@ def worker(tokens: int, lever: str, cap_gib: float, steps: int) -> dict:
             status = "OOM"
     step_s = [b - a for a, b in zip([start, *marks[:-1]], marks)]
     steady = step_s[1:] or step_s
-    out = {"tokens": tokens, "lever": lever, "cap_gib": cap_gib, "status": status,
+    out = {"tokens": tokens, "lever": lever, "cap_gib": cap_gib, "status": status, "kernels": kernels["reason"],
            "peak_gib": torch.cuda.max_memory_allocated() / 2**30, "step_s": step_s}
     if status == "ok":
         out["s_per_1k_tokens"] = sum(steady) / len(steady) / (tokens / 1000)

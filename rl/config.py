@@ -6,16 +6,25 @@ with the key's dotted path instead of being silently ignored.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from rl.paths import DEFAULT_WORK_ROOT
 from rl.types import Level
 
 DEFAULT_MODEL = "default"  # resolved by rl.default_model to the converted SmolLM2-135M folder
 SERVED_MODEL = "policy"    # the model name scaffolds ask the policy server for (it serves one policy)
+
+
+def _yaml_on_off(v: Any) -> Any:
+    """YAML 1.1 reads a bare on/off (in a file or an override) as a boolean."""
+    return {True: "on", False: "off"}[v] if isinstance(v, bool) else v
+
+
+# flash-linear-attention kernels for Gated-DeltaNet layers: auto (check, fall back), on (check, fail), off
+KernelChoice = Annotated[Literal["auto", "on", "off"], BeforeValidator(_yaml_on_off)]
 
 
 class Section(BaseModel):
@@ -102,18 +111,12 @@ class LearnerConfig(Section):
     activation_offload: bool = Field(False, description="keep checkpointed layer inputs in host memory (needs gradient_checkpointing)")
     mlp_tile_tokens: int = Field(0, ge=0, description="run decoder MLPs in sequence tiles of this many tokens; 0 = off")
     linear_attn_segment_tokens: int = Field(0, ge=0, description="Gated-DeltaNet layers: checkpointed sequence segments (multiple of 64); 0 = off")
-    fast_kernels: Literal["auto", "on", "off"] = Field(
+    fast_kernels: KernelChoice = Field(
         "auto", description="Gated-DeltaNet: flash-linear-attention kernels after a start-up agreement check "
                             "(auto: fall back to PyTorch with a log line; on: fail instead; off: PyTorch)")
     pack_samples: bool = Field(False, description="concatenate a micro-batch's samples into one row (no padding), "
                                                   "boundaries kept by position ids and cu_seqlens")
     torch_threads: int = Field(1, ge=1)
-
-    @field_validator("fast_kernels", mode="before")
-    @classmethod
-    def _yaml_on_off(cls, v):
-        # YAML 1.1 reads a bare on/off (in a file or an override) as a boolean
-        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
 
     @model_validator(mode="after")
     def _offload_needs_checkpointing(self) -> "LearnerConfig":
@@ -254,6 +257,7 @@ class WarmStartConfig(Section):
     torch_threads: int = Field(0, ge=0, description="CPU threads for SFT; 0 = every core (OMP_NUM_THREADS=1 "
                                "from the Makefile would otherwise make it ~3x slower)")
     save_steps: int = Field(50, ge=1)
+    fast_kernels: KernelChoice = Field("auto", description="Gated-DeltaNet kernels for SFT, as learner.fast_kernels")
     seed: int = 0
 
 

@@ -33,6 +33,20 @@ def cpu_has_bf16() -> bool:
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
+def select_kernels(model, cfg: WarmStartConfig, cuda: bool) -> dict:
+    """The learner's Gated-DeltaNet kernel choice for the SFT model (a no-op for other models):
+    left alone, transformers calls fla's kernels whenever fla is importable, unchecked."""
+    import torch
+
+    from rl.fast_kernels import enable_fast_kernels
+
+    res = enable_fast_kernels(model, torch.device("cuda" if cuda else "cpu"), required=cfg.fast_kernels == "on",
+                              fast=cfg.fast_kernels != "off")
+    if res["reason"] != "no Gated-DeltaNet layers":
+        print(f"[sft] Gated-DeltaNet kernels: {'fla' if res['fast'] else 'PyTorch'} ({res['reason']})", flush=True)
+    return res
+
+
 def _last_checkpoint(trainer_dir: Path) -> str | None:
     ckpts = sorted(trainer_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     return str(ckpts[-1]) if ckpts else None
@@ -85,6 +99,7 @@ def run_sft(rows: list[dict], model_path: str, cfg: WarmStartConfig, out_dir: st
     torch_dtype = getattr(torch, (model_cfg or ModelConfig()).resolved_dtype(on_gpu=cuda))
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype)
+    select_kernels(model, cfg, cuda)
     targets = cfg.lora_target_modules
     peft_cfg = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, task_type="CAUSAL_LM",
                           target_modules="all-linear" if targets == ["all-linear"] else list(targets))

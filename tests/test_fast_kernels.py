@@ -46,3 +46,32 @@ def test_fla_path_passes_its_startup_check_on_qwen35_head_sizes():
     got = check_kernels(make_delta_rule(rd, fd), make_causal_conv(rc, fc), rd, rc, heads=8, k_dim=128, v_dim=128,
                         device=torch.device("cuda"))
     assert max(v for k, v in got.items() if k != "o_max_abs") < CHECK_TOLERANCE, got
+
+
+@pytest.mark.parametrize("where", ["learner", "sft"])
+def test_off_means_pytorch_even_when_transformers_picked_another_kernel(monkeypatch, where):
+    """With fla importable, transformers calls fla's kernels directly (and fla refuses its gated
+    backward on Hopper with Triton < 3.7.1): `fast_kernels=off` must still train on the PyTorch path."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as m
+
+    from actors.learner import Learner
+    from rl.config import LearnerConfig, ModelConfig, WarmStartConfig
+    from rl.fast_kernels import _reference
+    from rl.sft import select_kernels
+    from rl.types import TrainSample
+
+    def picked(*args, **kwargs):
+        raise RuntimeError("the kernel transformers picked was called")
+    picked.__wrapped__ = _reference(m.torch_chunk_gated_delta_rule)
+    monkeypatch.setattr(m, "torch_chunk_gated_delta_rule", picked)
+    model = qwen35()
+    if where == "sft":
+        assert select_kernels(model, WarmStartConfig(fast_kernels="off"), cuda=False)["reason"] == \
+            "learner.fast_kernels=off"
+        model(torch.tensor([[1, 2, 3, 4, 5]])).logits.sum().backward()
+        return
+    learner = Learner("unused", LearnerConfig(fast_kernels="off", lora_rank=4, lora_alpha=8), ModelConfig(),
+                      seed=0, base_model=model)
+    out = learner.train_step([TrainSample([1, 2, 3, 4, 5, 6], [0, 0, 1, 1, 1, 1], [-3.0] * 6, advantage=1.0,
+                                          group_id="g")])
+    assert out["tokens"] == 4
