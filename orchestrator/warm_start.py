@@ -47,7 +47,7 @@ def build_demos(cfg: RunConfig, tasks: list[Task], out: Path, workers: int = 2) 
                                        recovery=k < n_recovery)
             record = (asdict(demo) if demo is not None else
                       {"task_id": task.id, "seed": k, "variant": "recovery", "reward": None,
-                       "messages": [], "notes": ["no wrong body failed the tests"]})
+                       "messages": [], "notes": ["not buildable from what the model sees (see build_demonstration)"]})
             append_durable(out, [record])
         finally:
             with lock:

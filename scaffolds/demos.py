@@ -2,12 +2,17 @@
 task's reference body, for the warm-start SFT.
 
 Every tool call of a demonstration runs through the real tools in the real sandbox, so each
-observation is the real output, and a demonstration is kept only if the reward is 1.0. The
-variants are seeded: whether the agent looks around first (ls / grep), how wide its read
-window is, which test command it runs, and, for a share of them, a *recovery*: a plausible
-but wrong first edit, the failing test output, then the corrected edit (SFT on happy paths
-alone trains recovery away). The last turn is a short answer with no tool call, so the
-end-of-turn token is in the loss.
+observation is the real output, and a demonstration is kept only if the reward is 1.0.
+
+Every step is something the model can do from what it has seen: a `grep -n` of the function
+name from the task statement, a `read` at the line number that grep printed, an `edit` whose
+oldText is the stub line copied from that read, and a test run of the tests folder. (Offsets
+the builder knows but the model cannot see taught a small model to guess them; node ids of
+the FAIL_TO_PASS tests taught it to invent ids.) The seeded variants differ in their words,
+their read window, and, for a share of them, a *recovery*: a plausible but wrong first edit,
+the failing test output, then the corrected edit (SFT on happy paths alone trains recovery
+away). The last turn is a short answer with no tool call, so the end-of-turn token is in the
+loss.
 
     demo = build_demonstration(task, env_cfg, uid=61500, seed=3, recovery=True)
     demo.messages   # system, user, assistant/tool turns, final answer (OpenAI chat format)
@@ -27,8 +32,9 @@ from envs.tasks import Task
 from envs.tools import PI_TOOLS
 from scaffolds.system_prompt import render_system_prompt
 
-OPENERS = ["", "Let me look at the code first.", "I'll find the function.", "Let me check the repository."]
-READ_LINES = ["", "Let me read the function.", "Reading the stubbed function."]
+OPENERS = ["", "Let me find the function first.", "I'll find the function.", "Let me locate the function."]
+READ_LINES = ["", "Let me read the function.", "Reading the stubbed function.", "It starts at line {line}."]
+READ_LIMITS = (20, 40, 60, 80, 120, 160, 240)
 EDIT_LINES = ["", "Now I'll implement the body.", "I'll replace the stub with an implementation."]
 TEST_LINES = ["", "Let me run the tests.", "Running the failing tests."]
 FIX_LINES = ["The tests fail; let me fix the implementation.", "That is not right yet. Fixing it.",
@@ -108,12 +114,18 @@ def unique_old_text(text: str, old: str, line: int) -> str:
     return text[start:at + len(old)]
 
 
-def _test_command(task: Task, rng: random.Random) -> str:
-    ids = task.fail_to_pass[:8]
-    if rng.random() < 0.5:
-        return "python -m pytest -q -p no:cacheprovider " + " ".join(ids)
-    files = sorted({i.split("::", 1)[0] for i in ids})
-    return "python -m pytest -q -x -p no:cacheprovider " + " ".join(files)
+def test_command(task: Task) -> str:
+    """The folder holding the FAIL_TO_PASS tests, run whole: a command the model can write
+    without knowing test ids (`-x` keeps a failing run's output short)."""
+    folders = {str(Path(i.split("::", 1)[0]).parent) for i in task.fail_to_pass}
+    folder = folders.pop() if len(folders) == 1 else "."
+    return f"python -m pytest -x -q -p no:cacheprovider {folder}"
+
+
+def grep_line(observation: str, want: int) -> int | None:
+    """The line number `grep -n` printed for the `def` at line `want`, or None if it did not."""
+    seen = {int(m.group(1)) for m in re.finditer(r"^(\d+):", observation, re.M)}
+    return want if want in seen else None
 
 
 class _Episode:
@@ -140,8 +152,9 @@ class _Episode:
 
 def build_demonstration(task: Task, env_cfg, uid: int, seed: int, recovery: bool,
                         work_root: str | Path | None = None) -> Demonstration | None:
-    """One demonstration of `task`, or None when the variant cannot be built (e.g. no wrong
-    body that fails the tests, for a recovery). The reward decides `reward`; callers keep 1.0."""
+    """One demonstration of `task`, or None when the variant cannot be built (grep does not
+    show the function's `def`, the read window does not show the stub, or, for a recovery, no
+    wrong body fails the tests). The reward decides `reward`; callers keep 1.0."""
     rng = random.Random(f"{task.id}|{seed}|{recovery}")
     name = task.qualname.rsplit(".", 1)[-1]
     path = task.module_path
@@ -150,22 +163,27 @@ def build_demonstration(task: Task, env_cfg, uid: int, seed: int, recovery: bool
         stubbed = (env.checkout / path).read_text()
         ep = _Episode(env, task)
         notes = []
-        if rng.random() < 0.5:
-            cmd = rng.choice([f"grep -n 'def {name}' {path}", f"ls {Path(path).parent or '.'}"])
-            ep.call(rng.choice(OPENERS), "bash", {"command": cmd})
-        start = def_line(task, stubbed)
-        offset = max(1, start - rng.randint(0, 3))
-        limit = (function_end(task, stubbed) + 1 - offset) + rng.randint(2, 8)
-        ep.call(rng.choice(READ_LINES), "read", {"path": path, "offset": offset, "limit": limit})
-        old = task.stub_body.rstrip("\n")
-        test_cmd = _test_command(task, rng)
+        found = ep.call(rng.choice(OPENERS), "bash", {"command": f"grep -n 'def {name}(' {path}"})
+        offset = grep_line(found, def_line(task, stubbed))
+        if offset is None:     # the window must come from what the model saw
+            return None
+        span = function_end(task, stubbed) + 1 - offset
+        limit = next((n for n in READ_LIMITS if n >= span + 2), span + 10)
+        seen = ep.call(rng.choice(READ_LINES).format(line=offset), "read",
+                       {"path": path, "offset": offset, "limit": limit})
+        stub = task.stub_body.rstrip("\n")
+        old = unique_old_text(stubbed, stub, task.body_start_line)   # the stub line, widened only if not unique
+        if old not in seen:
+            return None
+        keep = old[:len(old) - len(stub)]        # lines above the stub that made oldText unique
+        test_cmd = test_command(task)
         if recovery:
             wrong = None
             for body in wrong_bodies(task, original):
                 candidate = body.rstrip("\n")
                 ep_probe = ep.messages[:]                  # keep the conversation if this body passes
                 ep.call(rng.choice(EDIT_LINES), "edit",
-                        {"path": path, "edits": [{"oldText": old, "newText": candidate}]})
+                        {"path": path, "edits": [{"oldText": old, "newText": keep + candidate}]})
                 out = ep.call(rng.choice(TEST_LINES), "bash", {"command": test_cmd})
                 if re.search(r"\b\d+ (failed|error)", out):
                     wrong = candidate
@@ -173,7 +191,7 @@ def build_demonstration(task: Task, env_cfg, uid: int, seed: int, recovery: bool
                 ep.messages = ep_probe                      # that body passed: undo it and try another
                 undo = unique_old_text((env.checkout / path).read_text(), candidate, task.body_start_line)
                 env.call_tool("edit", {"path": path, "edits": [
-                    {"oldText": undo, "newText": undo[:len(undo) - len(candidate)] + old}]})
+                    {"oldText": undo, "newText": undo[:len(undo) - len(candidate)] + stub}]})
             if wrong is None:
                 return None
             current = (env.checkout / path).read_text()
@@ -182,7 +200,7 @@ def build_demonstration(task: Task, env_cfg, uid: int, seed: int, recovery: bool
             ep.call(rng.choice(FIX_LINES), "edit", {"path": path, "edits": [{"oldText": fix_old, "newText": fix_new}]})
         else:
             ep.call(rng.choice(EDIT_LINES), "edit",
-                    {"path": path, "edits": [{"oldText": old, "newText": task.original_body.rstrip("\n")}]})
+                    {"path": path, "edits": [{"oldText": old, "newText": keep + task.original_body.rstrip("\n")}]})
         out = ep.call(rng.choice(TEST_LINES), "bash", {"command": test_cmd})
         if not re.search(r"\b\d+ passed", out) or re.search(r"\b\d+ (failed|error)", out):
             notes.append(f"final test run did not pass: {out[-300:]}")
