@@ -36,6 +36,21 @@ def replay(task, demo) -> tuple[list[str], float]:
         return seen, env.reward().reward
 
 
+def assert_derived_from_observations(demo) -> None:
+    """Every argument the model must write is in the task statement or an earlier observation:
+    the read offset is a line number grep printed, the first edit's oldText is in the read's
+    output, and the test command names no test id."""
+    calls = [(json.loads(c["function"]["arguments"]), c["function"]["name"]) for m in demo.messages
+             for c in m.get("tool_calls") or []]
+    observations = [m["content"] for m in demo.messages if m["role"] == "tool"]
+    (grep, first), (read, second) = calls[:2]
+    assert first == "bash" and grep["command"].startswith("grep -n ") and second == "read"
+    assert re.search(rf"^{read['offset']}:", observations[0], re.M), (read, observations[0])
+    edit = next(args for args, name in calls if name == "edit")
+    assert edit["edits"][0]["oldText"] in observations[1]
+    assert all("::" not in args["command"] for args, name in calls if name == "bash")
+
+
 @pytest.mark.parametrize("recovery", [False, True])
 def test_demonstrations_are_verified_and_replay(tasks, recovery):
     task = tasks[0]
@@ -50,6 +65,7 @@ def test_demonstrations_are_verified_and_replay(tasks, recovery):
     if recovery:   # a wrong edit, its failing test output, then the fix
         assert any(re.search(r"\d+ (failed|error)", o) for o in observations)
     assert re.search(r"\d+ passed", observations[-1]) and "failed" not in observations[-1]
+    assert_derived_from_observations(demo)
     again, reward = replay(task, demo)
     assert reward == 1.0
     assert [VOLATILE.sub("", o) for o in again] == [VOLATILE.sub("", o) for o in observations]
@@ -68,6 +84,7 @@ def test_demonstrations_of_partial_stubs(level):
     task = next(t for t in load_tasks(SHIPPED_TASKS / "toolz-levels.jsonl") if t.level == level)
     demo = build_demonstration(task, env_cfg(**DEMO_ENV), uid=UID, seed=0, recovery=level == "branch")
     assert demo is not None and demo.reward == 1.0, demo and demo.notes
+    assert_derived_from_observations(demo)
     reads = [json.loads(c["function"]["arguments"]) for m in demo.messages for c in m.get("tool_calls") or []
              if c["function"]["name"] == "read"]
     with CodingEnv(task, env_cfg().work_root, env_cfg(**DEMO_ENV), uid=UID + 1) as env:
