@@ -1,9 +1,14 @@
-"""Reward hardening numbers: the tamper table (reward of each attack) and reward latency of
-the reference body over a task file (median), on whatever tree is first on the path, so the
-same script measures a tree before and after a change side by side.
+"""Reward hardening numbers: the tamper table (reward of each attack), reward latency of
+the reference body over a task file (median), and the audit of every shipped task (original
+body -> 1.0, stub -> below 1.0), on whatever tree is first on the path, so the same script
+measures a tree before and after a change side by side.
 
     python bench/reward_checks.py tamper [--json out.json]
     python bench/reward_checks.py latency [--tasks configs/tasks/toolz.jsonl] [--per-level N] [--json out.json]
+    python bench/reward_checks.py audit [--tasks FILE ...] [--uid N] [--out DIR] [--only ID ...]
+
+`audit` appends one record per task to DIR/audit.jsonl as it goes (a killed run resumes where
+it stopped; --only re-scores the named tasks), then writes DIR/audit.json and DIR/audit.md.
 """
 from __future__ import annotations
 
@@ -16,19 +21,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from envs.tasks import load_tasks  # noqa: E402
+from envs.tasks import SHIPPED_TASKS, load_tasks  # noqa: E402
+from rl.jsonl import append_durable, read_complete  # noqa: E402
 from tests.envs_fixtures import SHIPPED_TOOLZ, episode, replace_body, task_by_qualname  # noqa: E402
 
 UID = 63021
 
 
-def tamper() -> list[dict]:
+def tamper(uid: int = UID) -> list[dict]:
     from tests.tamper_attacks import ATTACKS
     task = task_by_qualname(load_tasks(SHIPPED_TOOLZ), "merge")
     rows = []
     for name, attack in [("reference body (must stay 1.0)", lambda env, t: replace_body(env, t.original_body)),
                          *ATTACKS.items()]:
-        with episode(task, sandbox_uid_base=UID) as env:
+        with episode(task, sandbox_uid_base=uid) as env:
             attack(env, task)
             r = env.reward()
         rows.append({"attack": name, "reward": r.reward, "why": r.error or r.parts.get("reason"),
@@ -37,14 +43,14 @@ def tamper() -> list[dict]:
     return rows
 
 
-def latency(tasks_file: str, per_level: int | None = None) -> dict:
+def latency(tasks_file: str, per_level: int | None = None, uid: int = UID) -> dict:
     """per_level: only the first N tasks of each difficulty level (a sample of a large file)."""
     tasks = load_tasks(tasks_file)
     if per_level is not None:
         tasks = [t for lv in dict.fromkeys(t.level for t in tasks) for t in [u for u in tasks if u.level == lv][:per_level]]
     per_task = []
     for task in tasks:
-        with episode(task, sandbox_uid_base=UID) as env:
+        with episode(task, sandbox_uid_base=uid) as env:
             replace_body(env, task.original_body)
             start = time.monotonic()
             r = env.reward()
@@ -58,14 +64,82 @@ def latency(tasks_file: str, per_level: int | None = None) -> dict:
     return out
 
 
+def _score(task, uid: int, body: str | None) -> dict:
+    """One episode: `body` put where the stub is (None: the stub left untouched), then the reward."""
+    start = time.monotonic()
+    with episode(task, sandbox_uid_base=uid) as env:
+        if body is not None:
+            replace_body(env, body)
+        t0 = time.monotonic()
+        r = env.reward()
+        reward_s = time.monotonic() - t0
+    return {"reward": r.reward, "error": r.error, "flags": r.flags, "reward_s": round(reward_s, 3),
+            "wall_s": round(time.monotonic() - start, 3), "f2p_passed": r.parts.get("f2p_passed"),
+            "p2p_failed": r.parts.get("p2p_failed"), "pytest_s": r.parts.get("pytest_seconds")}
+
+
+def _stub_edited(task) -> str:
+    """The stub with a comment added: an edit, so the verifier runs the tests on the stub itself."""
+    first = next(line for line in task.stub_body.splitlines() if line.strip())
+    return task.stub_body + first[:len(first) - len(first.lstrip())] + "# stub left as it was\n"
+
+
+def audit(task_files: list[str], uid: int, out_dir: Path, only: list[str] | None = None) -> dict:
+    """Every task of every file: original body (must be 1.0), untouched stub and the stub run
+    through the tests (both must be below 1.0)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    raw = out_dir / "audit.jsonl"
+    done = {r["task"] for r in read_complete(raw)} - set(only or ())
+    for path in map(Path, task_files):
+        for task in load_tasks(path):
+            if task.id in done or (only and task.id not in only):
+                continue
+            rec = {"file": path.name, "task": task.id, "level": task.level,
+                   "original": _score(task, uid, task.original_body), "stub": _score(task, uid, None),
+                   "stub_run": _score(task, uid, _stub_edited(task))}
+            rec["ok"] = (rec["original"]["reward"] == 1.0 and rec["stub"]["reward"] < 1.0
+                         and rec["stub_run"]["reward"] < 1.0)
+            append_durable(raw, [rec])
+            o, s = rec["original"], rec["stub_run"]
+            print(f"{'ok ' if rec['ok'] else 'BAD'} {o['reward']:.2f} {s['reward']:.2f} {o['reward_s']:6.2f}s "
+                  f"{task.id}  {(o['error'] or '')[:90]}", flush=True)
+    latest = {r["task"]: r for r in read_complete(raw)}   # a re-scored task keeps its last record
+    wanted = [t.id for p in task_files for t in load_tasks(p)]
+    recs = [latest[i] for i in wanted if i in latest]
+    secs = sorted(r["original"]["reward_s"] for r in recs)
+    summary = {"tasks": len(wanted), "scored": len(recs), "ok": sum(r["ok"] for r in recs),
+               "original_full": sum(r["original"]["reward"] == 1.0 for r in recs),
+               "stub_below_full": sum(r["stub"]["reward"] < 1.0 and r["stub_run"]["reward"] < 1.0 for r in recs),
+               "reward_s_median": statistics.median(secs) if secs else None,
+               "reward_s_p90": secs[min(len(secs) - 1, int(0.9 * len(secs)))] if secs else None,
+               "by_file": {p.name: sum(r["file"] == p.name and r["ok"] for r in recs) for p in map(Path, task_files)},
+               "bad": [r["task"] for r in recs if not r["ok"]]}
+    (out_dir / "audit.json").write_text(json.dumps({"summary": summary, "per_task": recs}, indent=1))
+    rows = ["| file | task | level | original | reward s | stub | stub run | error |", "|---|---|---|---|---|---|---|---|"]
+    rows += [f"| {r['file']} | `{r['task'].split(':', 1)[1]}` | {r['level']} | {r['original']['reward']:.2f} | "
+             f"{r['original']['reward_s']:.2f} | {r['stub']['reward']:.2f} | {r['stub_run']['reward']:.2f} | "
+             f"{(r['original']['error'] or r['stub_run']['error'] or '').replace('|', '/')[:80]} |" for r in recs]
+    (out_dir / "audit.md").write_text("\n".join(rows) + "\n")
+    print(json.dumps(summary, indent=1))
+    return summary
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["tamper", "latency"])
-    ap.add_argument("--tasks", default=str(SHIPPED_TOOLZ))
+    ap.add_argument("what", choices=["tamper", "latency", "audit"])
+    ap.add_argument("--tasks", nargs="+", default=None,
+                    help="latency: one file (default toolz.jsonl); audit: files (default every shipped one)")
+    ap.add_argument("--uid", type=int, default=UID, help="sandbox uid (a value no concurrent run uses)")
+    ap.add_argument("--out", default="docs/results/reward-audit", help="audit: output folder")
+    ap.add_argument("--only", nargs="+", help="audit: re-score only these task ids")
     ap.add_argument("--per-level", type=int, default=None, help="latency: first N tasks of each level")
     ap.add_argument("--json")
     args = ap.parse_args()
-    result = tamper() if args.what == "tamper" else latency(args.tasks, args.per_level)
+    if args.what == "audit":
+        audit(args.tasks or sorted(map(str, SHIPPED_TASKS.glob("*.jsonl"))), args.uid, Path(args.out), args.only)
+        return
+    result = (tamper(args.uid) if args.what == "tamper" else
+              latency((args.tasks or [str(SHIPPED_TOOLZ)])[0], args.per_level, args.uid))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
 
