@@ -89,10 +89,11 @@ def audit(task_files: list[str], uid: int, out_dir: Path, only: list[str] | None
     through the tests (both must be below 1.0)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     raw = out_dir / "audit.jsonl"
-    done = {r["task"] for r in read_complete(raw)} - set(only or ())
+    # keyed by file and id: a task id can be in two files (toolz.jsonl and toolz-levels.jsonl)
+    done = {(r["file"], r["task"]) for r in read_complete(raw) if r["task"] not in (only or ())}
     for path in map(Path, task_files):
         for task in load_tasks(path):
-            if task.id in done or (only and task.id not in only):
+            if (path.name, task.id) in done or (only and task.id not in only):
                 continue
             rec = {"file": path.name, "task": task.id, "level": task.level,
                    "original": _score(task, uid, task.original_body), "stub": _score(task, uid, None),
@@ -103,8 +104,8 @@ def audit(task_files: list[str], uid: int, out_dir: Path, only: list[str] | None
             o, s = rec["original"], rec["stub_run"]
             print(f"{'ok ' if rec['ok'] else 'BAD'} {o['reward']:.2f} {s['reward']:.2f} {o['reward_s']:6.2f}s "
                   f"{task.id}  {(o['error'] or '')[:90]}", flush=True)
-    latest = {r["task"]: r for r in read_complete(raw)}   # a re-scored task keeps its last record
-    wanted = [t.id for p in task_files for t in load_tasks(p)]
+    latest = {(r["file"], r["task"]): r for r in read_complete(raw)}   # a re-scored task: its last record
+    wanted = [(Path(p).name, t.id) for p in task_files for t in load_tasks(p)]
     recs = [latest[i] for i in wanted if i in latest]
     secs = sorted(r["original"]["reward_s"] for r in recs)
     summary = {"tasks": len(wanted), "scored": len(recs), "ok": sum(r["ok"] for r in recs),

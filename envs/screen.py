@@ -29,10 +29,15 @@ COMPARISON_DUNDERS = {"__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"
                       "__instancecheck__", "__subclasscheck__", "__subclasshook__", "__contains__"}
 
 
+# code attributes whose read the verifier's audit hook refuses the target (envs/verify_plugin)
+AUDITED_CODE_ATTRS = ("__code__", "f_code", "gi_code", "cr_code", "ag_code")
+
+
 @dataclass
 class Screen:
     flags: list[str] = field(default_factory=list)   # why the submission gets 0; empty = passes
     def_range: tuple[int, int] | None = None         # the target function's lines in the submission
+    allowed: tuple[str, ...] = ()                    # run-time refusals lifted (see audit_allowances)
 
 
 def find_function(tree: ast.Module, qualname: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
@@ -86,6 +91,16 @@ def _uses(node: ast.AST) -> set[str]:
     return hits
 
 
+def audit_allowances(reference: ast.FunctionDef | ast.AsyncFunctionDef | None) -> tuple[str, ...]:
+    """What the audit hook would refuse the reference function itself, in the hook's names: the
+    code attributes it reads (funcy's `arggetter` reads `func.__code__` for argument names).
+    The hook lets the target read them too, never of a test's code; frames stay refused."""
+    if reference is None:
+        return ()
+    attrs = {n.attr for n in ast.walk(reference) if isinstance(n, ast.Attribute) and n.attr in AUDITED_CODE_ATTRS}
+    return tuple(f"object.__getattr__ {a}" for a in sorted(attrs))
+
+
 def screen(task: Task, submitted: str, stubbed: str, original: str) -> Screen:
     """Check the agent's target module against the stubbed one (see the module docstring)."""
     try:
@@ -113,4 +128,4 @@ def screen(task: Task, submitted: str, stubbed: str, original: str) -> Screen:
     bad = sorted((_uses(fn) | set().union(*map(_uses, new_imports))) - allowed)
     if bad:
         flags.append(f"{task.qualname} uses introspection a solution does not need: {', '.join(bad[:6])}")
-    return Screen(flags, def_range)
+    return Screen(flags, def_range, audit_allowances(ref_fn))

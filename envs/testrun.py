@@ -40,10 +40,12 @@ class TestRun:
 
 def run_tests(sandbox: Sandbox, test_command: Sequence[str], nodeids: Sequence[str] = (),
               timeout_s: float = 120.0, per_test_timeout_s: float = 10.0,
-              extra_args: Sequence[str] = (), target: tuple[str, int, int] | None = None) -> TestRun:
+              extra_args: Sequence[str] = (), target: tuple[str, int, int] | None = None,
+              allow: Sequence[str] = ()) -> TestRun:
     """Run `test_command` (+ nodeids) in the sandbox's checkout with the plugin loaded.
     target: (file inside the sandbox, first line, last line) of the function under test,
-    whose frames the plugin's audit hook holds to account."""
+    whose frames the plugin's audit hook holds to account; allow: the hook's refusals its
+    reference does itself (envs/screen.py `audit_allowances`)."""
     read_fd, write_fd = os.pipe()
     nonce = secrets.token_hex(16)
     chunks: list[bytes] = []
@@ -68,6 +70,7 @@ def run_tests(sandbox: Sandbox, test_command: Sequence[str], nodeids: Sequence[s
            "RLVR_RESULT_NONCE": nonce, "PYTHONDONTWRITEBYTECODE": "1"}
     if target is not None:
         env["RLVR_TARGET"] = f"{target[0]}:{target[1]}:{target[2]}"
+        env["RLVR_ALLOW"] = ",".join(allow)
     try:
         res = sandbox.run_argv(argv, timeout_s, env=env, pass_fds=(write_fd,),
                                extra_ro_binds=[(str(PLUGIN_DIR), INSIDE_PLUGIN)])

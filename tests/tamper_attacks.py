@@ -161,6 +161,18 @@ def conftest(env, task):
                             "def pytest_runtest_makereport(item, call):\n    call.excinfo = None\n    yield\n"})
 
 
+LOADER_PYC = '''\
+    import glob
+    pyc = glob.glob("/repo/toolz/tests/__pycache__/test_dicttoolz.*.pyc")[0]
+    type(__loader__)("toolz.tests.test_dicttoolz", pyc[:-1]).get_data(pyc)
+    return None
+'''   # a test's bytecode through the import system's loader (the screen sees no introspection)
+
+# funcy's arggetter reads `func.__code__` (the verifier lets it): the test function's own code
+# through the handed-in lambda's globals must stay refused
+TEST_CODE_VIA_GLOBALS = "        getattr(func.__globals__.get('test_decorator_access_args'), '__code__', None)\n"
+
+
 ATTACKS = {
     "hook wrapper via gc, from the target": hook_in_target,
     "hook wrapper via gc, from __init__.py": hook_in_init,

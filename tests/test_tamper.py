@@ -15,7 +15,15 @@ from tests.envs_fixtures import (
     task_by_qualname,
     toolz_tasks,
 )
-from tests.tamper_attacks import ATTACKS, FRAME_SOURCE, HOOK_WRAPPER, WRONG, _indent
+from tests.tamper_attacks import (
+    ATTACKS,
+    FRAME_SOURCE,
+    HOOK_WRAPPER,
+    LOADER_PYC,
+    TEST_CODE_VIA_GLOBALS,
+    WRONG,
+    _indent,
+)
 
 UID = 63019
 
@@ -42,28 +50,62 @@ def test_attack_does_not_earn_reward(merge_task, attack):
           f"ignored {r.parts.get('ignored_files')}")
 
 
-@pytest.mark.parametrize("body", [_indent(HOOK_WRAPPER) + WRONG, FRAME_SOURCE], ids=["gc-hook", "frame"])
-def test_audit_hook_refuses_what_the_screen_would_miss(merge_task, body, tmp_path):
-    """Defence in depth: the same attacks, the static screen bypassed, are refused at run time."""
+def _run_unscreened(task, body, name):
+    """The task's tests on `body` with the verifier's target and allowances, the screen's flags
+    ignored (what the audit hook alone makes of it). Returns (screen, run)."""
+    import shutil
     from pathlib import Path
 
     from envs.coding_env import pristine_for
-    pristine = pristine_for(merge_task)
-    original = (pristine / merge_task.module_path).read_text()
-    stubbed = merge_task.stubbed_source(original)
-    submitted = stubbed.replace(merge_task.stub_body, body, 1)
-    checked = screen(merge_task, submitted, stubbed, original)
-    assert checked.flags and checked.def_range   # the screen alone would already refuse it
-    dest = Path(WORK_ROOT) / f"verify-tamper-{tmp_path.name}"
-    build_verify_tree(merge_task, submitted, pristine, dest)
+    pristine = pristine_for(task)
+    original = (pristine / task.module_path).read_text()
+    stubbed = task.stubbed_source(original)
+    submitted = stubbed.replace(task.stub_body, body, 1)
+    checked = screen(task, submitted, stubbed, original)
+    dest = Path(WORK_ROOT) / f"verify-tamper-{name}"
+    build_verify_tree(task, submitted, pristine, dest)
     try:
-        run = run_tests(Sandbox(dest, uid=UID, limits=Limits(), workdir_readonly=True), merge_task.test_command,
-                        target=(f"{INSIDE_REPO}/{merge_task.module_path}", *checked.def_range), timeout_s=120)
+        run = run_tests(Sandbox(dest, uid=UID, limits=Limits(), workdir_readonly=True), task.test_command,
+                        target=(f"{INSIDE_REPO}/{task.module_path}", *checked.def_range), timeout_s=120,
+                        allow=checked.allowed)
     finally:
-        import shutil
         shutil.rmtree(dest)
+    return checked, run
+
+
+@pytest.mark.parametrize("body", [_indent(HOOK_WRAPPER) + WRONG, FRAME_SOURCE], ids=["gc-hook", "frame"])
+def test_audit_hook_refuses_what_the_screen_would_miss(merge_task, body, tmp_path):
+    """Defence in depth: the same attacks, the static screen bypassed, are refused at run time."""
+    checked, run = _run_unscreened(merge_task, body, tmp_path.name)
+    assert checked.flags and checked.def_range   # the screen alone would already refuse it
     assert run.refused, (run.tampered, run.output[-2000:])
     assert not any(run.outcomes.get(t) == "passed" for t in merge_task.fail_to_pass[:1]) or run.refused
+
+
+def test_a_tests_bytecode_stays_refused_through_the_import_systems_loader(merge_task, tmp_path):
+    """The import system may read a library module's .pyc for the target (tlz's loader imports
+    modules); a test's .pyc read through the same loader is still the target's read."""
+    checked, run = _run_unscreened(merge_task, LOADER_PYC, tmp_path.name)
+    assert checked.flags == []   # nothing for the static screen to see
+    assert any(".pyc" in r for r in run.refused), (run.refused, run.output[-2000:])
+
+
+@pytest.fixture(scope="module")
+def arggetter_task():
+    """funcy's arggetter reads a function's __code__ for its argument names: honest code."""
+    from envs.tasks import SHIPPED_TASKS, load_tasks
+    return next(t for t in load_tasks(SHIPPED_TASKS / "funcy-levels.jsonl")
+                if t.qualname == "arggetter" and t.level == "branch")
+
+
+def test_code_reads_the_reference_does_are_allowed_but_never_a_tests_code(arggetter_task, tmp_path):
+    checked, run = _run_unscreened(arggetter_task, arggetter_task.original_body, tmp_path.name + "-ref")
+    assert checked.flags == [] and checked.allowed == ("object.__getattr__ __code__",)
+    assert not run.refused and all(run.outcomes.get(t) == "passed" for t in arggetter_task.fail_to_pass), \
+        (run.refused, run.output[-2000:])
+    _, run = _run_unscreened(arggetter_task, TEST_CODE_VIA_GLOBALS + arggetter_task.original_body,
+                             tmp_path.name + "-attack")
+    assert any("__code__" in r for r in run.refused), (run.refused, run.output[-2000:])
 
 
 @pytest.mark.heavy

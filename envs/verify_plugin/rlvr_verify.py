@@ -14,7 +14,10 @@ classes, hooks or exit status (a wrong implementation that patched the report cl
     cannot be removed), that refuses, when the target function is what asks, what honest
     library code never does while tests run: garbage-collector walks, frame access, code
     objects, marshal/ctypes, compile/exec, tracing, reading test sources or bytecode. Each
-    refusal raises in the code under test and is reported to the host (reward 0);
+    refusal raises in the code under test and is reported to the host (reward 0). What the
+    reference function itself does (the host names it in RLVR_ALLOW, e.g. reading a
+    function's `__code__` to find its argument names) is let through, unless the code reached
+    is a test's; bytecode the import system reads to import a module is not the target's read;
   * signs every line with a nonce it removes from the environment at import; the nonce, the
     fd and the verifier live only in the audit hook's closure (no module global reaches
     them), and the hook signs only what the registered verifier itself sends;
@@ -29,6 +32,7 @@ import os
 import sys
 import sysconfig
 import threading
+import types
 
 import pytest
 
@@ -59,6 +63,7 @@ def _install() -> None:
     target, _, rng = os.environ.pop("RLVR_TARGET", "").partition(":")
     lo, _, hi = rng.partition(":")
     lo, hi = (int(lo), int(hi)) if lo else (0, -1)
+    allowed = set(filter(None, os.environ.pop("RLVR_ALLOW", "").split(",")))
     test_dirs = ("/tests/", "/test/", "/testing/")
     plugin_dir = os.path.dirname(os.path.abspath(__file__))
     refused: list[str] = []
@@ -73,6 +78,21 @@ def _install() -> None:
         view = memoryview((json.dumps(record) + "\n").encode())
         while view:
             view = view[os.write(fd, view):]
+
+    def test_file(path: str) -> bool:
+        base = os.path.basename(path)
+        return (any(d in path for d in test_dirs) or base.startswith("test_") or base.endswith("_test.py")
+                or base == "conftest.py" or path.startswith(plugin_dir))
+
+    def allowed_read(obj, attr: str) -> bool:
+        """A code attribute the reference reads too, of code that is no test's: outside test files,
+        or a function a test defines in its body (a lambda handed to the target), whose
+        constants are the test's own arguments. A test's or helper's code stays refused."""
+        code = getattr(obj, attr, None)
+        if f"object.__getattr__ {attr}" not in allowed or not isinstance(code, types.CodeType):
+            return False
+        path = os.path.abspath(code.co_filename)
+        return not test_file(path) or ("<locals>" in code.co_qualname and not path.startswith(plugin_dir))
 
     def asked_by_target(frame, honest: bool, importing: bool) -> bool:
         """Is the nearest frame outside the standard library the target function's?"""
@@ -96,6 +116,7 @@ def _install() -> None:
     def hook(event: str, args: tuple) -> None:
         if getattr(state, "busy", False):
             return
+        imported_pyc = False   # an open of a library module's bytecode: the import system's read
         if event == _SEND:
             state.busy = True
             try:
@@ -128,10 +149,9 @@ def _install() -> None:
             path = os.path.realpath(os.fsdecode(args[0]))   # relative, /proc/self/cwd, symlinks
             if not path.startswith("/repo/"):
                 return
-            base = os.path.basename(path)
-            if not (any(d in path for d in test_dirs) or base.startswith("test_") or base.endswith(
-                    ("_test.py", ".pyc")) or base == "conftest.py" or path.startswith(plugin_dir)):
+            if not (test_file(path) or path.endswith(".pyc")):
                 return
+            imported_pyc = path.endswith(".pyc") and not test_file(_source_of(path))
         elif event in ("os.listdir", "os.scandir"):   # e.g. /proc/self/fd, to find the result pipe
             if not str(args[0]).startswith(("/proc", "/dev/fd")):
                 return
@@ -144,8 +164,10 @@ def _install() -> None:
         try:
             caller = sys._getframe(1)
             honest = event in ("sys._getframe", "compile", "exec", "object.__getattr__")
-            importing = event in ("compile", "exec", "marshal.loads", "marshal.load")
+            importing = event in ("compile", "exec", "marshal.loads", "marshal.load") or imported_pyc
             if not asked_by_target(caller, honest, importing):
+                return
+            if event == "object.__getattr__" and allowed_read(args[0], args[1]):
                 return
             what = f"{event} {args[1]}" if event.startswith("object.") else event
             if event in ("open", "import", "os.listdir", "os.scandir"):
@@ -156,6 +178,14 @@ def _install() -> None:
         raise RuntimeError(f"refused by the test harness: {what}")
 
     sys.addaudithook(hook)
+
+
+def _source_of(pyc: str) -> str:
+    """The source file a bytecode file caches (pkg/__pycache__/mod.cpython-311.pyc -> pkg/mod.py)."""
+    folder, name = os.path.split(pyc)
+    if os.path.basename(folder) == "__pycache__":
+        return os.path.join(os.path.dirname(folder), name.split(".")[0] + ".py")
+    return pyc[:-1]
 
 
 def _snapshot(codes: bool = True) -> dict:
