@@ -51,7 +51,8 @@ _ALWAYS = {"gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._getfr
            "code.__new__", "compile", "exec"}
 # stdlib functions that use frames or exec for their own bookkeeping and never hand them out
 _HONEST = {("logging/__init__.py", "findCaller"), ("collections/__init__.py", "namedtuple"),
-           ("typing.py", "_caller"), ("warnings.py", "warn"), ("warnings.py", "_next_external_frame")}
+           ("typing.py", "_caller"), ("warnings.py", "warn"), ("warnings.py", "_next_external_frame"),
+           ("gettext.py", "c2py")}   # c2py: a catalogue's checked plural-forms expression
 _HONEST_MODULES = ("/dataclasses.py", "/enum.py", "/typing.py")
 _IMPORTING = ("<frozen importlib",)
 
