@@ -38,6 +38,8 @@ def _set_mode(worker, mode: str) -> None:
     """Switch how guided calls get their log-probs, and start from a cold prefix cache."""
     def apply(w):
         w.cfg.guided_logprobs = mode
+        if w._server is not None:  # the policy server holds its own copy of the rollout config
+            w._server.cfg.guided_logprobs = mode
         w.loop.call(lambda engine: engine.reset_prefix_cache())
     ray.get(worker.__ray_call__.remote(apply))
 
