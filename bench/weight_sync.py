@@ -65,7 +65,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 sync.sync(learner, [worker], step)
                 elapsed = time.perf_counter() - t0
-                gap = run_parity_probe(learner, [worker], ids, cfg.sync.parity_threshold, f"{transport} sync")
+                gap, _ = run_parity_probe(learner, [worker], ids, cfg.sync.parity_threshold, f"{transport} sync")
                 if step > len(TRANSPORTS):
                     times[transport].append(elapsed)
                     gaps[transport].append(gap)
@@ -79,15 +79,15 @@ def main() -> None:
         learner.shutdown()
         ray.shutdown()
 
+    result = {"model": path, "rounds": args.rounds, "host": platform.node(), "cpus": os.cpu_count(),
+              "nodes": 1, "rows": rows}
+    if args.json:  # first, so a failure below loses no measurement
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1))
     print(f"{'strategy':<8} {'transport':<13} {'median s':>9} {'min s':>7} {'vs shared_dir':>14} {'parity gap':>11}")
     for r in rows:
         print(f"{r['strategy']:<8} {r['transport']:<13} {r['median_s']:9.3f} {r['min_s']:7.3f} "
               f"{r['ratio_vs_shared_dir']:14.2f} {r['max_parity_gap']:11.2e}")
-    result = {"model": path, "rounds": args.rounds, "host": platform.node(), "cpus": os.cpu_count(),
-              "nodes": 1, "rows": rows}
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -114,7 +114,9 @@ class Placement:
         ready, _ = ray.wait([self.group.ready()], timeout=120)
         if not ready:
             remove_placement_group(self.group)
-            raise RuntimeError(placement_failure(cfg, flat, ray.cluster_resources()))
+            alive = [{"address": n["NodeManagerAddress"], "resources": n["Resources"]} for n in ray.nodes()
+                     if n["Alive"]]
+            raise RuntimeError(placement_failure(cfg, flat, ray.cluster_resources(), alive))
 
     def nodes(self) -> dict[str, str]:
         """{"rollout/0": node address, ...}: the node each actor's bundle was placed on."""
@@ -136,8 +138,10 @@ class Placement:
                     self.group, placement_group_bundle_index=self.offsets[role] + i)}
 
 
-def placement_failure(cfg: RunConfig, flat: list[dict], cluster: dict) -> str:
-    """Why the actors did not fit, and the two ways out: a bigger head, or smaller shapes."""
+def placement_failure(cfg: RunConfig, flat: list[dict], cluster: dict, nodes: list[dict] = ()) -> str:
+    """Why the actors did not fit, and the two ways out: a bigger head, or smaller shapes.
+    With roles pinned to node kinds, a kind whose nodes lack the CPUs its bundles ask for is
+    named first: the cluster's total can fit while one kind of node does not."""
     cpus, gpus = cpus_needed(cfg), sum(b.get("GPU", 0) for b in flat)
     lines = [f"Ray could not place the actors' bundles {flat} within 120 s: they need {cpus:g} CPU"
              + (f" and {gpus:g} GPU" if gpus else "") + f"; the cluster has {cluster.get('CPU', 0):g} CPU"
@@ -151,6 +155,18 @@ def placement_failure(cfg: RunConfig, flat: list[dict], cluster: dict) -> str:
     if cfg.ray.role_resources:
         lines.append(f"  - or check ray.role_resources {cfg.ray.role_resources} against the nodes' `ray start "
                      "--resources`")
+    kinds = sorted({key for pins in cfg.ray.role_resources.values() for key in pins})
+    for kind in kinds if nodes else ():
+        need = sum(b["CPU"] for b in flat if kind in b)
+        offer = {n["address"]: n["resources"].get("CPU", 0) for n in nodes if kind in n["resources"]}
+        if not offer:
+            lines.insert(1, f"  - no node offers {kind}: start one with "
+                            f"`ray start ... --resources='{{\"{kind}\": 100}}'`")
+        elif need > sum(offer.values()):
+            have = ", ".join(f"{address}: {cpus:g}" for address, cpus in offer.items())
+            lines.insert(1, f"  - the bundles pinned to {kind} need {need:g} CPU; the nodes with {kind} have "
+                            f"{sum(offer.values()):g} ({have}): start them with `ray start ... --num-cpus="
+                            f"{int(need + 0.999)}` or more (logical CPUs may exceed the cores)")
     return "\n".join(lines)
 
 

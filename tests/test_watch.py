@@ -137,6 +137,23 @@ def test_placement_failure_names_the_head_flag_and_the_config_keys():
     assert "rollout.num_cpus=1 x rollout.num_workers=1" in msg and "env.num_cpus=0.5" in msg
 
 
+def test_placement_failure_names_the_node_kind_that_lacks_cpus():
+    """The README's cluster commands on 2-core nodes: 4 CPUs in all, but the head's roles need 3."""
+    from orchestrator.cluster import bundles, placement_failure
+
+    cfg = load_config(REPO / "configs" / "default.yaml", [
+        "ray.role_resources.rollout.head_node=1", "ray.role_resources.learner.head_node=1",
+        "ray.role_resources.env.worker_node=1"])
+    flat = [b for group in bundles(cfg).values() for b in group]
+    nodes = [{"address": "10.0.0.1", "resources": {"CPU": 2.0, "head_node": 100.0}},
+             {"address": "10.0.0.2", "resources": {"CPU": 2.0, "worker_node": 100.0}}]
+    msg = placement_failure(cfg, flat, {"CPU": 4.0}, nodes)
+    assert "the bundles pinned to head_node need 3 CPU; the nodes with head_node have 2 (10.0.0.1: 2)" in msg
+    assert "--num-cpus=3" in msg and "worker_node need" not in msg
+    msg = placement_failure(cfg, flat, {"CPU": 2.0}, nodes[:1])
+    assert "no node offers worker_node" in msg
+
+
 def test_clipped_tool_call_is_counted_without_a_traceback(tokenizer):
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
