@@ -14,6 +14,7 @@ inside the two namespaces are killed by pid, then the namespaces are deleted.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -56,6 +57,7 @@ def entrypoint(line: str, **values: str) -> list[str]:
     return argv[argv.index("--") + 1:]
 
 
+@functools.cache
 def can_make_namespaces() -> str | None:
     """None if this host can build the cluster, else why not."""
     if os.geteuid() != 0:
@@ -63,6 +65,12 @@ def can_make_namespaces() -> str | None:
     for tool in ("ip", "unshare", "mount"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed"
+    # root inside a container or a user namespace may still lack the right to add a netns
+    probe = f"rlvr-probe-{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"cannot create a network namespace here: {made.stderr.strip()[:200]}"
+    subprocess.run(["ip", "netns", "delete", probe], capture_output=True)
     return None
 
 
