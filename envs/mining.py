@@ -34,7 +34,7 @@ from typing import Callable
 
 from envs.reward import is_test_path
 from envs.sandbox import INSIDE_REPO, Limits, QuotaDir, Sandbox, chown_tree
-from envs.screen import audit_allowances, find_function
+from envs.screen import audit_allowances, find_function, function_lines
 from envs.sdist import SdistInfo, lookup, pristine_tree
 from envs.stubs import MIN_BODY_LINES, Candidate, candidates, problem_statement, stub_for
 from envs.tasks import Task
@@ -187,9 +187,8 @@ def _reference_passes(sb: Sandbox, c: Candidate, original: str, test_command: li
     fn = find_function(ast.parse(original), c.qualname)
     if fn is None:
         return False
-    first = min([fn.lineno] + [d.lineno for d in fn.decorator_list])
     run = run_tests(sb, test_command, nodeids=f2p, timeout_s=timeout_s, per_test_timeout_s=per_test_timeout_s,
-                    target=(f"{INSIDE_REPO}/{c.module_path}", first, fn.end_lineno), allow=audit_allowances(fn))
+                    target=(f"{INSIDE_REPO}/{c.module_path}", *function_lines(fn)), allow=audit_allowances(fn))
     return (run.finished and not run.refused and not run.tampered
             and all(run.outcomes.get(t) == "passed" for t in f2p))
 

@@ -91,6 +91,11 @@ def _uses(node: ast.AST) -> set[str]:
     return hits
 
 
+def function_lines(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[int, int]:
+    """The lines the verifier's audit hook treats as the target: decorators through the body."""
+    return min([fn.lineno] + [d.lineno for d in fn.decorator_list]), fn.end_lineno
+
+
 def audit_allowances(reference: ast.FunctionDef | ast.AsyncFunctionDef | None) -> tuple[str, ...]:
     """What the audit hook would refuse the reference function itself, in the hook's names: the
     code attributes it reads (funcy's `arggetter` reads `func.__code__` for argument names).
@@ -110,7 +115,7 @@ def screen(task: Task, submitted: str, stubbed: str, original: str) -> Screen:
     fn = find_function(tree, task.qualname)
     if fn is None:
         return Screen([f"{task.module_path} no longer defines {task.qualname}"])
-    def_range = (min([fn.lineno] + [d.lineno for d in fn.decorator_list]), fn.end_lineno)
+    def_range = function_lines(fn)
     flags = []
     stub_tree = ast.parse(stubbed)
     doc = _docstring(find_function(stub_tree, task.qualname))
