@@ -1,4 +1,4 @@
-"""`rlvr monitor` in a real browser: during a short real training run, headless Chromium opens
+"""`rlvr monitor` in a real browser: during a real training run (stopped by the test), headless Chromium opens
 the viewer and finds the reward curve with at least two points on the page.
 
 RLVR_MONITOR_SCREENSHOT=path keeps the screenshot (docs/results/monitor/ holds one of the page)."""
@@ -25,6 +25,11 @@ CARDS_JS = """(() => [...document.querySelectorAll('scalar-card')].map(c => ({
   tag: (c.querySelector('.tag') || c.querySelector('[title]') || {}).title || null,
   points: Math.max(0, ...[...c.querySelectorAll('line-chart path')].filter(p => p.style.fill === 'none')
                       .map(p => ((p.getAttribute('d') || '').match(/[ML]/g) || []).length))})))()"""
+
+
+# far more steps than the check needs: the test stops the run itself, so a fast machine cannot
+# finish training before the page has drawn its curve
+STEPS = 1000
 
 
 def free_port() -> int:
@@ -61,7 +66,7 @@ def test_monitor_shows_the_live_reward_curve_in_a_browser(tmp_path, model_path):
     run_dir, port, console = tmp_path / "run", free_port(), tmp_path / "console.txt"
     with console.open("w") as out:
         train = subprocess.Popen([*RLVR, "train", str(REPO / "configs" / "length.yaml"), f"trainer.run_dir={run_dir}",
-                                  "trainer.steps=8", "trainer.batch_size=2", "trainer.group_size=4"],
+                                  f"trainer.steps={STEPS}", "trainer.batch_size=2", "trainer.group_size=4"],
                                  cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=SLOW_BOX_ENV)
     monitor = browser = None
     try:
@@ -90,4 +95,4 @@ def test_monitor_shows_the_live_reward_curve_in_a_browser(tmp_path, model_path):
         _stop(train)
     output = console.read_text()
     print(output[-3000:])
-    assert re.search(r"\[step 2/8 \| \d+s\] reward_mean=", output), output[-3000:]
+    assert re.search(rf"\[step 2/{STEPS} \| \d+s\] reward_mean=", output), output[-3000:]
