@@ -36,7 +36,7 @@ def harvest_command(args) -> int:
     cfg.eval.scaffold = cfg.scaffold.name      # harvest in the scaffold the run trains in
     run_dir = Path(args.run_dir or cfg.trainer.run_dir)
     out = Path(args.out or run_dir / "harvest")
-    tasks = select_tasks(cfg.task, cfg.trainer.seed, run_dir, "train")
+    tasks = select_tasks(cfg.task, cfg.trainer.seed, run_dir, "demo")
     import ray  # heavy: only once the config is good
 
     from orchestrator.cluster import spawn_env_actors, spawn_evaluator, start_policy, start_recording_proxy

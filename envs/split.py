@@ -1,11 +1,17 @@
 """Train/test firewall: the split is written once, at the training entry point, and
 evaluation refuses any task the run trained on. A band file (written by `rlvr calibrate`
-from the training side only) narrows the training side to tasks of a measured pass rate."""
+from the training side only) narrows the training side to tasks of a measured pass rate.
+
+With `task.demo_fraction` > 0 the training side is cut once more: its "demo" share is what
+the warm-start demonstrates, and calibration and GRPO see only the rest, so the band measures
+skill on tasks the policy was never shown the answer to. Sides: "demo" (the warm-start's
+tasks; the whole training side when demo_fraction is 0), "train" (calibration and GRPO: the
+training side minus the demo tasks), "test" (held out)."""
 from __future__ import annotations
 
 import json
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from envs.tasks import Task, load_tasks, resolve_tasks_file
@@ -24,34 +30,57 @@ class Split:
     test: list[str]
     train_fraction: float
     seed: int
+    demo: list[str] = field(default_factory=list)  # a subset of train: only the warm-start sees them
+    demo_fraction: float = 0.0
 
 
-def _make(tasks: list[Task], train_fraction: float, seed: int) -> Split:
+def _make(tasks: list[Task], train_fraction: float, seed: int, demo_fraction: float = 0.0) -> Split:
+    """Shuffle the functions (all difficulty levels of one function move together, so no side
+    holds another level of a function a different side stubs), then cut: training side first
+    (its first share the demo side), held-out side last."""
     if not 0 < train_fraction < 1:
         raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
     ids = sorted(t.id for t in tasks)
     if len(set(ids)) != len(ids):
         raise ValueError("duplicate task ids: a task could land on both sides of the split")
-    random.Random(seed).shuffle(ids)
-    n_train = max(1, min(len(ids) - 1, round(len(ids) * train_fraction))) if len(ids) > 1 else len(ids)
-    return Split(train=sorted(ids[:n_train]), test=sorted(ids[n_train:]),
-                 train_fraction=train_fraction, seed=seed)
+    groups: dict[str, list[str]] = {}
+    for t in sorted(tasks, key=lambda t: t.id):
+        groups.setdefault(t.function_key, []).append(t.id)
+    keys = sorted(groups)
+    random.Random(seed).shuffle(keys)
+    n = len(ids)
+    n_train = max(1, min(n - 1, round(n * train_fraction))) if n > 1 else n
+    n_demo = max(1, round(n_train * demo_fraction)) if demo_fraction > 0 else 0
+    train, demo, taken = [], [], 0
+    for k in keys:   # whole functions until each side holds its share of tasks
+        if taken >= n_train or (train and len(keys) > 1 and k == keys[-1]):
+            break
+        (demo if taken < n_demo else train).extend(groups[k])
+        taken += len(groups[k])
+    if demo_fraction > 0 and not train:   # at least one function is left for calibration and GRPO
+        raise ValueError(f"demo_fraction {demo_fraction} leaves no training task outside the demonstrations")
+    train += demo
+    test = [i for i in ids if i not in set(train)]
+    return Split(train=sorted(train), test=sorted(test), train_fraction=train_fraction,
+                 seed=seed, demo=sorted(demo), demo_fraction=demo_fraction)
 
 
-def write_split(run_dir: str | Path, tasks: list[Task], train_fraction: float, seed: int) -> Split:
+def write_split(run_dir: str | Path, tasks: list[Task], train_fraction: float, seed: int,
+                demo_fraction: float = 0.0) -> Split:
     """Write the run's split, or return the existing one if it is identical.
 
     Refuses to replace an existing, different split: a resumed run must not train on what
     an earlier split held out.
     """
     path = Path(run_dir) / SPLIT_FILE
-    split = _make(tasks, train_fraction, seed)
+    split = _make(tasks, train_fraction, seed, demo_fraction)
     if path.exists():
         existing = load_split(run_dir)
         if existing != split:
             raise ValueError(f"{path} already holds a different split (seed {existing.seed}, fraction "
-                             f"{existing.train_fraction}, {len(existing.train)} train tasks); a run's split "
-                             "is written once. Use a new run directory, or the same tasks/seed/fraction.")
+                             f"{existing.train_fraction}, {len(existing.train)} train tasks, demo fraction "
+                             f"{existing.demo_fraction}); a run's split is written once. Use a new run "
+                             "directory, or the same tasks/seed/fractions.")
         return existing
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -104,8 +133,8 @@ def in_band(train_ids: list[str], band_file: str | Path) -> list[str]:
     outside = sorted(set(band) - set(train_ids))
     if outside:
         raise ConfigError(f"task.band_file {band_file} holds {len(outside)} task(s) that are not on this run's "
-                          f"training side, e.g. {outside[0]}; calibrate with this run's split (rlvr calibrate "
-                          "--run-dir RUN)")
+                          f"training side (held out, or kept for the warm-start's demonstrations), e.g. "
+                          f"{outside[0]}; calibrate with this run's split (rlvr calibrate --run-dir RUN)")
     chosen = [i for i in train_ids if i in set(band)]
     if not chosen:
         raise ConfigError(f"task.band_file {band_file} holds no task: no training task's pass rate fell in the "
@@ -115,7 +144,7 @@ def in_band(train_ids: list[str], band_file: str | Path) -> list[str]:
 
 def select_tasks(task_cfg: TaskConfig, seed: int, split_dir: str | Path, side: str,
                  trained_split: bool = False) -> list[Task]:
-    """The one task selector: one side ("train" | "test") of a run's split, in split order.
+    """The one task selector: one side ("demo" | "train" | "test") of a run's split, in split order.
 
     split_dir holds split.json. trained_split=False writes the split there from the config
     (once; identical on a resume). trained_split=True reads the split a training run wrote,
@@ -138,8 +167,15 @@ def select_tasks(task_cfg: TaskConfig, seed: int, split_dir: str | Path, side: s
         if side == "test":
             assert_not_trained_on(split_dir, split.test)
     else:
-        split = write_split(split_dir, tasks, task_cfg.train_fraction, seed)
-    ids = split.train if side == "train" else split.test
+        split = write_split(split_dir, tasks, task_cfg.train_fraction, seed, task_cfg.demo_fraction)
+    if side not in ("demo", "train", "test"):
+        raise ValueError(f"side must be demo, train or test, not {side!r}")
+    if side == "demo":
+        ids = split.demo or split.train
+    elif side == "train":
+        ids = [i for i in split.train if i not in set(split.demo)]
+    else:
+        ids = split.test
     if side == "train" and task_cfg.band_file:
         ids = in_band(ids, task_cfg.band_file)
     by_id = {t.id: t for t in tasks}

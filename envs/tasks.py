@@ -34,6 +34,12 @@ class Task:
         if self.level not in LEVELS:
             raise ValueError(f"task {self.id}: unknown level {self.level!r} (one of {', '.join(LEVELS)})")
 
+    @property
+    def function_key(self) -> str:
+        """The function the task stubs: every level of one function shares it, and the split keeps
+        them on one side (a whole-body task's id is exactly this key)."""
+        return f"{self.library}-{self.version}:{self.module_path}:{self.qualname}"
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=False)
 

@@ -92,7 +92,8 @@ def warm_start(cfg: RunConfig, folder: Path, train_tasks: list[Task], demos_only
         harvested = harvest_rows(hdir, cfg.warm_start.max_assistant_turns)
         foreign = sorted({r["task_id"] for r in harvested} - train_ids)
         if foreign:   # a harvest of another split would train on held-out tasks
-            raise ValueError(f"harvest {hdir} holds tasks outside this run's training split: {foreign[:3]}")
+            raise ValueError(f"harvest {hdir} holds tasks outside this run's demonstrated tasks: {foreign[:3]} "
+                             "(a harvest of another split, or of the tasks kept for calibration and GRPO)")
         rows += harvested
         print(f"[warm-start] {len(harvested)} harvested rows from {hdir}", flush=True)
     return run_sft(rows, base, cfg.warm_start, folder / "sft", cfg.model)
@@ -104,6 +105,7 @@ def folder_for(cfg: RunConfig, run_dir: Path) -> Path:
 
 def run_warm_start(cfg: RunConfig, run_dir: Path, demos_only: bool = False) -> Path:
     """The warm-start stage of `run_dir`: its split is written there first (as training will
-    find it), and only the training side is demonstrated."""
-    train_tasks = select_tasks(cfg.task, cfg.trainer.seed, run_dir, "train")
+    find it), and only its demo side is demonstrated (the whole training side unless
+    task.demo_fraction sets tasks apart for calibration and GRPO)."""
+    train_tasks = select_tasks(cfg.task, cfg.trainer.seed, run_dir, "demo")
     return warm_start(cfg, folder_for(cfg, run_dir), train_tasks, demos_only=demos_only)

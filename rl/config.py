@@ -142,6 +142,9 @@ class TaskConfig(Section):
     tasks_file: str | None = None  # coding: JSONL written by `rlvr tasks mine`
     library: str = "toolz"
     train_fraction: float = Field(0.8, gt=0, lt=1)
+    demo_fraction: float = Field(0.0, ge=0, lt=1, description="share of the training side that only the "
+                                 "warm-start demonstrates; calibration and GRPO train on the rest (0: the "
+                                 "warm-start demonstrates the whole training side)")
     max_tasks: int | None = Field(None, ge=1)
     levels: list[Level] | None = Field(None, description="keep only tasks of these difficulty levels "
                                        "(a task file's `level`; None keeps all)")

@@ -104,3 +104,47 @@ def test_calibration_band_and_a_grpo_step_end_to_end(tmp_path, model_path):
     assert 0.0 <= m["band/reward_mean"] <= 1.0 and "frac_reward_zero_std" in m
     trace = [json.loads(line) for line in (run_dir / "trace.jsonl").read_text().splitlines()]
     assert trace and {r["task"] for r in trace} <= set(band["tasks"])
+
+
+def test_demo_fraction_keeps_demonstrated_calibrated_and_held_out_tasks_disjoint(tmp_path):
+    plain, parted = tmp_path / "plain", tmp_path / "parted"
+    cfg = load_config(DEFAULT_CFG, ["task.max_tasks=20"])
+    whole_train = [t.id for t in select_tasks(cfg.task, cfg.trainer.seed, plain, "train")]
+    assert [t.id for t in select_tasks(cfg.task, cfg.trainer.seed, plain, "demo")] == whole_train  # default
+    cfg = load_config(DEFAULT_CFG, ["task.max_tasks=20", "task.demo_fraction=0.5"])
+    demo = [t.id for t in select_tasks(cfg.task, cfg.trainer.seed, parted, "demo")]
+    rl = [t.id for t in calibration_tasks(cfg, parted)]
+    test = [t.id for t in select_tasks(cfg.task, cfg.trainer.seed, parted, "test")]
+    assert len(demo) == 8 and len(rl) == 8 and sorted(demo + rl) == sorted(whole_train)
+    assert not set(demo) & set(rl) and not (set(demo) | set(rl)) & set(test)
+    assert test == load_split(plain).test  # the held-out side does not move with demo_fraction
+    # a band may hold only calibrated (non-demonstrated) tasks
+    band = parted / BAND_FILE
+    write_band(band, {"tasks": [demo[0]]})
+    with pytest.raises(ConfigError, match="not on this run's training side"):
+        select_tasks(cfg.task.model_copy(update={"band_file": str(band)}), cfg.trainer.seed, parted, "train")
+    # the split is written once: another demo fraction on the same run is refused
+    with pytest.raises(ValueError, match="demo fraction 0.5"):
+        select_tasks(cfg.task.model_copy(update={"demo_fraction": 0.25}), cfg.trainer.seed, parted, "train")
+    # split files written before the demo side existed still load as "no demo tasks"
+    (plain / "split.json").write_text(json.dumps({k: v for k, v in json.loads((plain / "split.json").read_text())
+                                                  .items() if not k.startswith("demo")}))
+    assert load_split(plain).demo == [] and [t.id for t in select_tasks(
+        load_config(DEFAULT_CFG, ["task.max_tasks=20"]).task, 0, plain, "demo")] == whole_train
+
+
+def test_every_level_of_a_function_stays_on_one_side(tmp_path):
+    """A held-out `return` stub of a function whose whole body was demonstrated would be recall."""
+    cfg = load_config(DEFAULT_CFG, ["task.tasks_file=configs/tasks/toolz-levels.jsonl", "task.demo_fraction=0.25"])
+    sides = {side: select_tasks(cfg.task, cfg.trainer.seed, tmp_path, side) for side in ("demo", "train", "test")}
+    functions = {side: {t.function_key for t in ts} for side, ts in sides.items()}
+    assert not functions["demo"] & functions["train"] and not functions["test"] & (functions["demo"] | functions["train"])
+    assert sum(len(t) for t in sides.values()) == 115 and any(len(ts) > 1 for ts in _by_function(sides["train"]))
+    assert 0.75 <= (len(sides["demo"]) + len(sides["train"])) / 115 <= 0.85   # whole functions: near the fraction
+
+
+def _by_function(tasks) -> list[list]:
+    groups: dict[str, list] = {}
+    for t in tasks:
+        groups.setdefault(t.function_key, []).append(t)
+    return list(groups.values())
