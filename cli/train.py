@@ -27,6 +27,15 @@ def train(args) -> int:
 
         cfg.model.path = str(run_warm_start(cfg, run_dir))
         print(f"[rlvr] GRPO starts from the warm-started model {cfg.model.path}", flush=True)
+    if cfg.calibrate.enabled and not args.resume and not cfg.task.band_file:
+        import ray
+
+        from orchestrator.calibrate import BAND_FILE, render_band, run_calibration
+
+        print(render_band(run_calibration(cfg, run_dir)), flush=True)   # resumable: reruns only what is missing
+        ray.shutdown()   # its engine and env actors go; training places its own
+        cfg.task.band_file = str(run_dir / BAND_FILE)
+        print(f"[rlvr] GRPO trains on the band {cfg.task.band_file}", flush=True)
     from orchestrator.console import actor_log_tails
     from orchestrator.loop import Trainer  # heavy (ray, torch): only once the config is good
     try:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from envs.split import select_tasks, write_band
 from orchestrator.eval_report import RECORDS_FILE, load_records, passed
+from orchestrator.plots import plot_pass_rates
 from rl.config import RunConfig
 from rl.passk import pass_at_k
 
@@ -76,7 +77,10 @@ def run_calibration(cfg: RunConfig, run_dir: str | Path, adapter: str | None = N
         ray.get(worker.shutdown.remote())
     band = band_from_records(load_records(out / RECORDS_FILE), [t.id for t in tasks], c.k, c.lo, c.hi)
     band["policy"] = {"model_path": cfg.model.path, "adapter": adapter, "scaffold": c.scaffold}
+    band["levels"] = {t.id: t.level for t in tasks}
     write_band(run_dir / BAND_FILE, band)
+    if band["per_task"]:
+        plot_pass_rates(band, out / "pass_rates.png")
     return band
 
 
@@ -88,6 +92,14 @@ def render_band(band: dict) -> str:
     for tid, t in band["per_task"].items():
         lines.append(f"| {tid} | {t['pass_rate']:.2f} | {t['mean_reward']:.3f} | {t[key]:.2f} | "
                      f"{'yes' if tid in band['tasks'] else ''} |")
+    by_level: dict[str, list[float]] = defaultdict(list)
+    for tid, t in band["per_task"].items():
+        by_level[band.get("levels", {}).get(tid, "?")].append(t["pass_rate"])
+    if len(by_level) > 1 or "?" not in by_level:
+        lines += ["", "| level | tasks | mean pass rate | in band |", "|---|---|---|---|"]
+        for name, rates in sorted(by_level.items()):
+            inside = sum(1 for tid in band["tasks"] if band.get("levels", {}).get(tid, "?") == name)
+            lines.append(f"| {name} | {len(rates)} | {sum(rates) / len(rates):.2f} | {inside} |")
     if band["incomplete"]:
         lines.append(f"\nincomplete (fewer than k episodes): {len(band['incomplete'])}")
     return "\n".join(lines)

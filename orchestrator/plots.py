@@ -34,3 +34,28 @@ def plot_reward_curve(run_dir: str | Path) -> Path | None:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def plot_pass_rates(band: dict, png: str | Path) -> Path:
+    """Histogram of calibrated per-task pass rates, stacked by difficulty level, with the band
+    shaded: how much of the task set the policy passes sometimes."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    k, levels = band["k"], band.get("levels", {})
+    names = sorted({levels.get(t, "?") for t in band["per_task"]})
+    edges = [(i - 0.5) / k for i in range(k + 2)]           # one bar per possible pass count at n = k
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    inside = [i / k for i in range(k + 1) if band["lo"] <= i / k <= band["hi"]]
+    if inside:
+        ax.axvspan(inside[0] - 0.5 / k, inside[-1] + 0.5 / k, color="tab:green", alpha=0.12, label="band")
+    ax.hist([[t["pass_rate"] for tid, t in band["per_task"].items() if levels.get(tid, "?") == name] for name in names],
+            bins=edges, stacked=True, label=names, rwidth=0.85)
+    ax.set_xlabel(f"pass rate over k={k} episodes"); ax.set_ylabel("tasks")
+    ax.set_title(f"{band['calibrated']} calibrated tasks; {len(band['tasks'])} in [{band['lo']}, {band['hi']}]")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return Path(png)

@@ -222,6 +222,8 @@ class EvalConfig(Section):
 
 class CalibrateConfig(Section):
     """`rlvr calibrate`: k episodes per training task -> pass rates -> the band to train on."""
+    enabled: bool = Field(False, description="`rlvr train` calibrates the (warm-started) policy first and trains "
+                                            "on its band; a finished calibration is reused")
     k: int = Field(8, ge=1, description="episodes per task")
     scaffold: Literal["native", "pi"] = "pi"
     lo: float = Field(0.1, ge=0, le=1, description="band: lowest pass rate kept")

@@ -148,3 +148,14 @@ def _by_function(tasks) -> list[list]:
     for t in tasks:
         groups.setdefault(t.function_key, []).append(t)
     return list(groups.values())
+
+
+def test_band_report_by_level_and_histogram(tmp_path):
+    from orchestrator.plots import plot_pass_rates
+    records = _recs("a", [1, 0, 0, 0]) + _recs("b", [0, 0, 0, 0]) + _recs("c", [1, 1, 0, 1])
+    band = band_from_records(records, ["a", "b", "c"], k=4, lo=0.1, hi=0.9)
+    band["levels"] = {"a": "return", "b": "body", "c": "return"}
+    text = render_band(band)
+    assert "| body | 1 | 0.00 | 0 |" in text and "| return | 2 | 0.50 | 2 |" in text
+    png = plot_pass_rates(band, tmp_path / "pass_rates.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5_000
