@@ -32,8 +32,15 @@ def train(args) -> int:
 
         from orchestrator.calibrate import BAND_FILE, render_band, run_calibration
 
-        print(render_band(run_calibration(cfg, run_dir)), flush=True)   # resumable: reruns only what is missing
+        band = run_calibration(cfg, run_dir)   # resumable: reruns only what is missing
+        print(render_band(band), flush=True)
         ray.shutdown()   # its engine and env actors go; training places its own
+        if not band["tasks"]:
+            raise SystemExit(f"[rlvr] calibration found no task with a pass rate in [{band['lo']}, {band['hi']}] "
+                             f"(mean pass rate {band['mean_pass_rate']:.3f} over {band['calibrated']} tasks; records "
+                             f"in {run_dir / 'calibration'}): GRPO would get no learning signal. Warm-start the "
+                             "policy further, widen calibrate.lo / calibrate.hi, or calibrate easier tasks "
+                             "(task.levels)")
         cfg.task.band_file = str(run_dir / BAND_FILE)
         print(f"[rlvr] GRPO trains on the band {cfg.task.band_file}", flush=True)
     from orchestrator.console import actor_log_tails

@@ -6,7 +6,8 @@ With `task.demo_fraction` > 0 the training side is cut once more: its "demo" sha
 the warm-start demonstrates, and calibration and GRPO see only the rest, so the band measures
 skill on tasks the policy was never shown the answer to. Sides: "demo" (the warm-start's
 tasks; the whole training side when demo_fraction is 0), "train" (calibration and GRPO: the
-training side minus the demo tasks), "test" (held out)."""
+training side minus the demo tasks, or the demo tasks themselves with task.rl_tasks=demo, a
+recall diagnostic), "test" (held out)."""
 from __future__ import annotations
 
 import json
@@ -171,6 +172,8 @@ def select_tasks(task_cfg: TaskConfig, seed: int, split_dir: str | Path, side: s
     if side not in ("demo", "train", "test"):
         raise ValueError(f"side must be demo, train or test, not {side!r}")
     if side == "demo":
+        ids = split.demo or split.train
+    elif side == "train" and task_cfg.rl_tasks == "demo":
         ids = split.demo or split.train
     elif side == "train":
         ids = [i for i in split.train if i not in set(split.demo)]

@@ -36,7 +36,7 @@ def build_demos(cfg: RunConfig, tasks: list[Task], out: Path, workers: int = 2) 
     lock, slots = threading.Lock(), list(range(workers))
     n_recovery = round(ws.demos_per_task * ws.recovery_fraction)
     started, finished = time.monotonic(), [0]
-    print(f"[demos] {len(todo)} to build ({len(done)} done) for {len(tasks)} training tasks", flush=True)
+    print(f"[demos] {len(todo)} to build ({len(done)} done) for {len(tasks)} tasks", flush=True)
 
     def one(item):
         task, k = item
@@ -85,7 +85,7 @@ def warm_start(cfg: RunConfig, folder: Path, train_tasks: list[Task], demos_only
     tokenizer = AutoTokenizer.from_pretrained(base)
     rows = sft_rows(tokenizer, demos)
     kept = {d["task_id"] for d in demos if d.get("reward") == 1.0}
-    print(f"[warm-start] {len(rows)} demonstration rows from {len(kept)} of {len(train_tasks)} training tasks",
+    print(f"[warm-start] {len(rows)} demonstration rows from {len(kept)} of {len(train_tasks)} demonstrated tasks",
           flush=True)
     train_ids = {t.id for t in train_tasks}
     for hdir in cfg.warm_start.harvest_dirs:

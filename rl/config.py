@@ -145,6 +145,10 @@ class TaskConfig(Section):
     demo_fraction: float = Field(0.0, ge=0, lt=1, description="share of the training side that only the "
                                  "warm-start demonstrates; calibration and GRPO train on the rest (0: the "
                                  "warm-start demonstrates the whole training side)")
+    rl_tasks: Literal["rest", "demo"] = Field(
+        "rest", description="which part of the training side calibration and GRPO use when demo_fraction > 0: "
+                            "rest (never demonstrated: the band measures skill) or demo (the demonstrated tasks: "
+                            "recall, for a policy that passes no task it was not shown)")
     max_tasks: int | None = Field(None, ge=1)
     levels: list[Level] | None = Field(None, description="keep only tasks of these difficulty levels "
                                        "(a task file's `level`; None keeps all)")

@@ -159,3 +159,11 @@ def test_band_report_by_level_and_histogram(tmp_path):
     assert "| body | 1 | 0.00 | 0 |" in text and "| return | 2 | 0.50 | 2 |" in text
     png = plot_pass_rates(band, tmp_path / "pass_rates.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5_000
+
+
+def test_rl_tasks_demo_trains_on_the_demonstrated_tasks_a_recall_diagnostic(tmp_path):
+    cfg = load_config(DEFAULT_CFG, ["task.max_tasks=20", "task.demo_fraction=0.5", "task.rl_tasks=demo"])
+    demo = [t.id for t in select_tasks(cfg.task, cfg.trainer.seed, tmp_path, "demo")]
+    assert [t.id for t in calibration_tasks(cfg, tmp_path)] == demo
+    assert [t.id for t in select_tasks(cfg.task, cfg.trainer.seed, tmp_path, "train")] == demo
+    assert not set(demo) & set(load_split(tmp_path).test)
