@@ -29,8 +29,11 @@ def calibration_tasks(cfg: RunConfig, run_dir: str | Path) -> list:
     return tasks[:cfg.calibrate.max_tasks] if cfg.calibrate.max_tasks else tasks
 
 
-def band_from_records(records: list[dict], task_ids: list[str], k: int, lo: float, hi: float) -> dict:
-    """Per-task pass rate, mean reward and unbiased pass@k, and the band [lo, hi].
+def band_from_records(records: list[dict], task_ids: list[str], k: int, lo: float, hi: float,
+                      by: str = "pass_rate") -> dict:
+    """Per-task pass rate, mean reward and unbiased pass@k, and the band [lo, hi] of `by`:
+    pass_rate, or mean_reward for tasks whose k rewards are not all equal (partial credit: a
+    task can give GRPO a signal before any of its episodes passes).
 
     A task with fewer than k finished episodes is listed as incomplete and left out of the band.
     """
@@ -44,12 +47,15 @@ def band_from_records(records: list[dict], task_ids: list[str], k: int, lo: floa
             incomplete.append(tid)
             continue
         n, c = len(rs), sum(passed(r) for r in rs)
-        per_task[tid] = {"n": n, "passes": c, "pass_rate": c / n,
-                         "mean_reward": sum(float(r["reward"]) for r in rs) / n,
-                         f"pass@{k}": pass_at_k(n, c, k)}
-    band = [tid for tid, t in per_task.items() if lo <= t["pass_rate"] <= hi]
+        rewards = [float(r["reward"]) for r in rs]
+        per_task[tid] = {"n": n, "passes": c, "pass_rate": c / n, "mean_reward": sum(rewards) / n,
+                         "rewards_differ": max(rewards) > min(rewards), f"pass@{k}": pass_at_k(n, c, k)}
+    if by == "pass_rate":
+        band = [tid for tid, t in per_task.items() if lo <= t["pass_rate"] <= hi]
+    else:
+        band = [tid for tid, t in per_task.items() if lo <= t["mean_reward"] <= hi and t["rewards_differ"]]
     rates = [t["pass_rate"] for t in per_task.values()]
-    return {"tasks": band, "lo": lo, "hi": hi, "k": k, "calibrated": len(per_task), "incomplete": incomplete,
+    return {"tasks": band, "by": by, "lo": lo, "hi": hi, "k": k, "calibrated": len(per_task), "incomplete": incomplete,
             "mean_pass_rate": sum(rates) / len(rates) if rates else 0.0, "per_task": per_task}
 
 
@@ -75,7 +81,7 @@ def run_calibration(cfg: RunConfig, run_dir: str | Path, adapter: str | None = N
     finally:
         ray.get([a.shutdown.remote() for a in env_actors])
         ray.get(worker.shutdown.remote())
-    band = band_from_records(load_records(out / RECORDS_FILE), [t.id for t in tasks], c.k, c.lo, c.hi)
+    band = band_from_records(load_records(out / RECORDS_FILE), [t.id for t in tasks], c.k, c.lo, c.hi, c.band_by)
     band["policy"] = {"model_path": cfg.model.path, "adapter": adapter, "scaffold": c.scaffold}
     band["levels"] = {t.id: t.level for t in tasks}
     write_band(run_dir / BAND_FILE, band)
@@ -86,7 +92,8 @@ def run_calibration(cfg: RunConfig, run_dir: str | Path, adapter: str | None = N
 
 def render_band(band: dict) -> str:
     lines = [f"calibrated {band['calibrated']} task(s) at k={band['k']}: mean pass rate "
-             f"{band['mean_pass_rate']:.3f}; band [{band['lo']}, {band['hi']}] holds {len(band['tasks'])}",
+             f"{band['mean_pass_rate']:.3f}; band ({band.get('by', 'pass_rate')} in [{band['lo']}, {band['hi']}]) "
+             f"holds {len(band['tasks'])}",
              "", "| task | pass rate | mean reward | pass@k | in band |", "|---|---|---|---|---|"]
     key = f"pass@{band['k']}"
     for tid, t in band["per_task"].items():

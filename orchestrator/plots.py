@@ -43,17 +43,18 @@ def plot_pass_rates(band: dict, png: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    k, levels = band["k"], band.get("levels", {})
+    k, levels, by = band["k"], band.get("levels", {}), band.get("by", "pass_rate")
     names = sorted({levels.get(t, "?") for t in band["per_task"]})
     edges = [(i - 0.5) / k for i in range(k + 2)]           # one bar per possible pass count at n = k
     fig, ax = plt.subplots(figsize=(6, 3.5))
     inside = [i / k for i in range(k + 1) if band["lo"] <= i / k <= band["hi"]]
-    if inside:
+    if inside and by == "pass_rate":
         ax.axvspan(inside[0] - 0.5 / k, inside[-1] + 0.5 / k, color="tab:green", alpha=0.12, label="band")
-    ax.hist([[t["pass_rate"] for tid, t in band["per_task"].items() if levels.get(tid, "?") == name] for name in names],
+    ax.hist([[t[by] for tid, t in band["per_task"].items() if levels.get(tid, "?") == name] for name in names],
             bins=edges, stacked=True, label=names, rwidth=0.85)
-    ax.set_xlabel(f"pass rate over k={k} episodes"); ax.set_ylabel("tasks")
-    ax.set_title(f"{band['calibrated']} calibrated tasks; {len(band['tasks'])} in [{band['lo']}, {band['hi']}]")
+    ax.set_xlabel(f"{by.replace('_', ' ')} over k={k} episodes"); ax.set_ylabel("tasks")
+    ax.set_title(f"{band['calibrated']} calibrated tasks; {len(band['tasks'])} in the band ({by} in "
+                 f"[{band['lo']}, {band['hi']}])", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=100)

@@ -232,6 +232,9 @@ class CalibrateConfig(Section):
     scaffold: Literal["native", "pi"] = "pi"
     lo: float = Field(0.1, ge=0, le=1, description="band: lowest pass rate kept")
     hi: float = Field(0.9, ge=0, le=1, description="band: highest pass rate kept")
+    band_by: Literal["pass_rate", "mean_reward"] = Field(
+        "pass_rate", description="what [lo, hi] bounds: the pass rate, or the mean reward of tasks whose episodes "
+                                 "do not all score alike (partial credit; a signal before any episode passes)")
     max_tasks: int | None = Field(None, ge=1, description="calibrate only the first N training tasks")
     parallel: int | None = Field(None, ge=1, description="episodes at once; default: every env slot")
 

@@ -167,3 +167,11 @@ def test_rl_tasks_demo_trains_on_the_demonstrated_tasks_a_recall_diagnostic(tmp_
     assert [t.id for t in calibration_tasks(cfg, tmp_path)] == demo
     assert [t.id for t in select_tasks(cfg.task, cfg.trainer.seed, tmp_path, "train")] == demo
     assert not set(demo) & set(load_split(tmp_path).test)
+
+
+def test_a_reward_band_keeps_partial_credit_tasks_whose_rewards_differ():
+    records = _recs("partial", [0, 0.5, 0, 0]) + _recs("alike", [0.5, 0.5, 0.5, 0.5]) + _recs("zero", [0, 0, 0, 0])
+    by_pass = band_from_records(records, ["partial", "alike", "zero"], k=4, lo=0.1, hi=0.9)
+    by_reward = band_from_records(records, ["partial", "alike", "zero"], k=4, lo=0.1, hi=0.9, by="mean_reward")
+    assert by_pass["tasks"] == [] and by_reward["tasks"] == ["partial"]   # "alike" would only give tying groups
+    assert "band (mean_reward in [0.1, 0.9]) holds 1" in render_band(by_reward)
