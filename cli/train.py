@@ -8,18 +8,30 @@ from cli.config_args import DEFAULT_CONFIG, config_from_args
 from rl.config import load_config
 
 
-def train(args) -> int:
-    if args.resume:
-        run_dir = Path(args.resume)
-        if not (run_dir / "config.yaml").is_file():
-            raise SystemExit(f"--resume {run_dir}: not a run directory (no config.yaml in it)")
-        cfg = load_config(run_dir / "config.yaml", args.overrides)
-    else:
+def run_config(args):
+    """(config, run dir) of `rlvr train`: a new run's config and overrides, or with --resume the
+    run's own config.yaml plus overrides (`--resume RUN key=value`)."""
+    if not args.resume:
         cfg = config_from_args(args)
         run_dir = Path(cfg.trainer.run_dir)
         if (run_dir / "config.yaml").exists():
             raise SystemExit(f"{run_dir} already holds a run: resume it with `rlvr train --resume {run_dir}`, "
                              f"delete it, or choose another trainer.run_dir=...")
+        return cfg, run_dir
+    run_dir = Path(args.resume)
+    if not (run_dir / "config.yaml").is_file():
+        raise SystemExit(f"--resume {run_dir}: not a run directory (no config.yaml in it)")
+    overrides = list(args.overrides)
+    if args.config and "=" in args.config and not Path(args.config).exists():
+        overrides.insert(0, args.config)   # the first override landed in the `config` positional
+    elif args.config:
+        raise SystemExit(f"--resume {run_dir} uses the run's own config.yaml; give overrides only, not "
+                         f"{args.config}")
+    return load_config(run_dir / "config.yaml", overrides), run_dir
+
+
+def train(args) -> int:
+    cfg, run_dir = run_config(args)
     from cli.doctor import preflight_or_exit
     preflight_or_exit(cfg)  # before any actor starts: a missing sandbox or model folder fails here
     if cfg.warm_start.enabled and not args.resume:

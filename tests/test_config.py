@@ -92,3 +92,22 @@ def test_overrides_may_follow_options(capsys):
     assert "trainer.stepz: unknown key" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["warm-start", "configs/default.yaml", "--no-such-flag"])
+
+
+def test_resume_keeps_its_overrides(tmp_path):
+    """`rlvr train --resume RUN key=value`: the first override lands in the `config` positional."""
+    import argparse
+
+    from cli.train import register, run_config
+    from rl.config import dump_config
+    run = tmp_path / "run"
+    run.mkdir()
+    dump_config(load_config(None, [f"trainer.run_dir={run}"]), run / "config.yaml")
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["train", "--resume", str(run), "learner.gradient_checkpointing=false",
+                              "trainer.steps=3"])
+    cfg, run_dir = run_config(args)
+    assert run_dir == run and cfg.learner.gradient_checkpointing is False and cfg.trainer.steps == 3
+    with pytest.raises(SystemExit, match="uses the run's own config.yaml"):
+        run_config(parser.parse_args(["train", "--resume", str(run), "configs/default.yaml"]))
