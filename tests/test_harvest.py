@@ -38,5 +38,5 @@ def test_a_harvest_of_other_tasks_is_refused(tmp_path, monkeypatch):
     _episode(tmp_path / "h", "held_out_task", 1.0)
     cfg = load_config(None, [f"warm_start.harvest_dirs=[{tmp_path / 'h'}]", "warm_start.demos=false"])
     monkeypatch.setattr(ws, "run_sft", lambda *a, **k: pytest.fail("SFT must not start"))
-    with pytest.raises(ValueError, match="outside this run's training split"):
+    with pytest.raises(ValueError, match="outside this run's demonstrated tasks"):
         ws.warm_start(cfg, tmp_path / "ws", train_tasks=[])
