@@ -48,7 +48,7 @@ def train(args) -> int:
         print(render_band(band), flush=True)
         ray.shutdown()   # its engine and env actors go; training places its own
         if not band["tasks"]:
-            raise SystemExit(f"[rlvr] calibration found no task with a pass rate in [{band['lo']}, {band['hi']}] "
+            raise SystemExit(f"[rlvr] calibration found no task with a {band['by']} in [{band['lo']}, {band['hi']}] "
                              f"(mean pass rate {band['mean_pass_rate']:.3f} over {band['calibrated']} tasks; records "
                              f"in {run_dir / 'calibration'}): GRPO would get no learning signal. Warm-start the "
                              "policy further, widen calibrate.lo / calibrate.hi, or calibrate easier tasks "

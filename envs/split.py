@@ -61,7 +61,8 @@ def _make(tasks: list[Task], train_fraction: float, seed: int, demo_fraction: fl
     if demo_fraction > 0 and not train:   # at least one function is left for calibration and GRPO
         raise ValueError(f"demo_fraction {demo_fraction} leaves no training task outside the demonstrations")
     train += demo
-    test = [i for i in ids if i not in set(train)]
+    chosen = set(train)
+    test = [i for i in ids if i not in chosen]
     return Split(train=sorted(train), test=sorted(test), train_fraction=train_fraction,
                  seed=seed, demo=sorted(demo), demo_fraction=demo_fraction)
 
@@ -171,12 +172,12 @@ def select_tasks(task_cfg: TaskConfig, seed: int, split_dir: str | Path, side: s
         split = write_split(split_dir, tasks, task_cfg.train_fraction, seed, task_cfg.demo_fraction)
     if side not in ("demo", "train", "test"):
         raise ValueError(f"side must be demo, train or test, not {side!r}")
-    if side == "demo":
-        ids = split.demo or split.train
-    elif side == "train" and task_cfg.rl_tasks == "demo":
-        ids = split.demo or split.train
+    demonstrated = split.demo or split.train
+    if side == "demo" or (side == "train" and task_cfg.rl_tasks == "demo"):
+        ids = demonstrated
     elif side == "train":
-        ids = [i for i in split.train if i not in set(split.demo)]
+        shown = set(split.demo)
+        ids = [i for i in split.train if i not in shown]
     else:
         ids = split.test
     if side == "train" and task_cfg.band_file:

@@ -99,13 +99,13 @@ def render_band(band: dict) -> str:
     for tid, t in band["per_task"].items():
         lines.append(f"| {tid} | {t['pass_rate']:.2f} | {t['mean_reward']:.3f} | {t[key]:.2f} | "
                      f"{'yes' if tid in band['tasks'] else ''} |")
-    by_level: dict[str, list[float]] = defaultdict(list)
+    levels, by_level = band.get("levels", {}), defaultdict(list)
     for tid, t in band["per_task"].items():
-        by_level[band.get("levels", {}).get(tid, "?")].append(t["pass_rate"])
+        by_level[levels.get(tid, "?")].append(t["pass_rate"])
     if len(by_level) > 1 or "?" not in by_level:
         lines += ["", "| level | tasks | mean pass rate | in band |", "|---|---|---|---|"]
         for name, rates in sorted(by_level.items()):
-            inside = sum(1 for tid in band["tasks"] if band.get("levels", {}).get(tid, "?") == name)
+            inside = sum(1 for tid in band["tasks"] if levels.get(tid, "?") == name)
             lines.append(f"| {name} | {len(rates)} | {sum(rates) / len(rates):.2f} | {inside} |")
     if band["incomplete"]:
         lines.append(f"\nincomplete (fewer than k episodes): {len(band['incomplete'])}")
