@@ -74,7 +74,7 @@ class Learner:
                  *, base_model: torch.nn.Module | None = None):
         """base_model: an already-built HF causal LM (benchmarks with random weights); else loaded from model_path."""
         from peft import LoraConfig, get_peft_model
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         torch.set_num_threads(cfg.torch_threads)
         self.cfg, self.model_cfg = cfg, model_cfg
@@ -100,8 +100,12 @@ class Learner:
         random.seed(seed)
         torch.manual_seed(seed)  # same seed on every rank: identical LoRA init
         if base_model is None:
+            # the text config named explicitly: transformers picks it from a multimodal folder by
+            # itself, except in a process where vLLM 0.26 has loaded the same folder (it then hands
+            # the text model the outer config, which has no vocab_size)
             base_model = AutoModelForCausalLM.from_pretrained(
-                model_path, dtype=self.dtype, low_cpu_mem_usage=True,
+                model_path, config=AutoConfig.from_pretrained(model_path).get_text_config(),
+                dtype=self.dtype, low_cpu_mem_usage=True,
                 device_map={"": self.device} if self.device.type == "cuda" else None)
         base_model.to(self.device)
         base_model.config.use_cache = False
@@ -346,13 +350,15 @@ class Learner:
             save_file(tensors, str(file), metadata={"format": "pt"})
         return str(path)
 
-    def merged_state_dict(self) -> dict[str, torch.Tensor]:
-        """Base weights with W + scale*B@A folded in, under the base model's own key names."""
+    def merged_state_dict(self, device: str | torch.device | None = None) -> dict[str, torch.Tensor]:
+        """Base weights with W + scale*B@A folded in, under the base model's own key names.
+
+        One delta at a time, each merged tensor moved to `device` (default: where it lives) as
+        soon as it is made: a 4B learner under a 12 GiB cap has no room for all deltas at once."""
         from peft.tuners.lora import LoraLayer
 
         base = self.model.get_base_model()
-        deltas = {name: m.get_delta_weight(ADAPTER_NAME) for name, m in base.named_modules()
-                  if isinstance(m, LoraLayer) and ADAPTER_NAME in m.lora_A}
+        lora = {name: m for name, m in base.named_modules() if isinstance(m, LoraLayer) and ADAPTER_NAME in m.lora_A}
         merged: dict[str, torch.Tensor] = {}
         with torch.no_grad():
             for key, tensor in base.state_dict().items():
@@ -360,16 +366,16 @@ class Learner:
                     continue
                 clean = key.replace(".base_layer.", ".")
                 module = clean.rsplit(".", 1)[0]
-                if clean.endswith(".weight") and module in deltas:
-                    tensor = tensor + deltas[module].to(tensor.dtype)
-                merged[clean] = tensor
+                if clean.endswith(".weight") and module in lora:
+                    tensor = tensor + lora[module].get_delta_weight(ADAPTER_NAME).to(tensor.dtype)
+                merged[clean] = tensor if device is None else tensor.to(device)
         return merged
 
     def merged_weights(self) -> dict[str, torch.Tensor]:
         """The merged model as CPU tensors under the checkpoint's key names (a tied LM head
         left out, shared storage cloned): what vLLM loads, from a file or from memory."""
         base = self.model.get_base_model()
-        state = self.merged_state_dict()
+        state = self.merged_state_dict(device="cpu")
         if getattr(base.config, "tie_word_embeddings", False):
             state.pop("lm_head.weight", None)
         layout = self.layout

@@ -7,7 +7,7 @@ in its own process, capped with torch.cuda.set_per_process_memory_fraction, so a
 is stood in for on a larger one. Levers, in the order tried: gradient checkpointing, then
 activation offloading to host memory.
 
-    python -m bench.sft_memory --tokens 8192 16384 --cap-gib 24 --json docs/results/sft_memory_h200.json
+    python -m bench.sft_memory --tokens 8192 16384 --cap-gib 24 --kernels off auto --json docs/results/sft_memory_h200.json
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ LEVERS = {"gc": dict(gradient_checkpointing=True), "gc+offload": dict(gradient_c
                                                                       activation_offload=True)}
 
 
-def worker(tokens: int, lever: str, cap_gib: float, steps: int) -> dict:
+def worker(tokens: int, lever: str, cap_gib: float, steps: int, kernels: str) -> dict:
     import tempfile
 
     import torch
@@ -43,8 +43,8 @@ def worker(tokens: int, lever: str, cap_gib: float, steps: int) -> dict:
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    ws = WarmStartConfig(max_length=tokens, **LEVERS[lever])
-    kernels = select_kernels(model, ws, cuda=True)
+    ws = WarmStartConfig(max_length=tokens, fast_kernels=kernels, **LEVERS[lever])
+    chosen = select_kernels(model, ws, cuda=True)
     g = torch.Generator().manual_seed(0)
     rows = [{"input_ids": torch.randint(0, 248000, (tokens,), generator=g).tolist(),
              "assistant_masks": [0] * (tokens // 4) + [1] * (tokens - tokens // 4)} for _ in range(steps)]
@@ -72,20 +72,38 @@ def worker(tokens: int, lever: str, cap_gib: float, steps: int) -> dict:
             status = "OOM"
     step_s = [b - a for a, b in zip([start, *marks[:-1]], marks)]
     steady = step_s[1:] or step_s
-    out = {"tokens": tokens, "lever": lever, "cap_gib": cap_gib, "status": status, "kernels": kernels["reason"],
+    out = {"tokens": tokens, "lever": lever, "cap_gib": cap_gib, "status": status, "kernels": kernels,
+           "kernel_reason": chosen["reason"],
            "peak_gib": torch.cuda.max_memory_allocated() / 2**30, "step_s": step_s}
     if status == "ok":
         out["s_per_1k_tokens"] = sum(steady) / len(steady) / (tokens / 1000)
     return out
 
 
+def run_one(tokens: int, lever: str, kernels: str, a: argparse.Namespace) -> dict:
+    """One configuration in its own process: a cap, an OOM or a hang cannot leak into the next."""
+    failed = {"tokens": tokens, "lever": lever, "kernels": kernels, "peak_gib": 0.0, "step_s": []}
+    try:
+        proc = subprocess.run([sys.executable, "-m", "bench.sft_memory", "--worker", str(tokens), lever, kernels,
+                               "--cap-gib", str(a.cap_gib), "--steps", str(a.steps)],
+                              capture_output=True, text=True, timeout=a.timeout)
+    except subprocess.TimeoutExpired as e:
+        return failed | {"status": f"timed out after {a.timeout:.0f} s",
+                         "stderr_tail": (e.stderr or b"")[-2000:].decode(errors="replace")}
+    found = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if found:
+        return json.loads(found[-1][7:])
+    return failed | {"status": f"crashed (rc {proc.returncode})", "stderr_tail": proc.stderr[-2000:]}
+
+
 def table(rows: list[dict]) -> str:
-    lines = ["| tokens | levers | status | peak GiB | s / step (steady) | s per 1k tokens |", "|---|---|---|---|---|---|"]
+    lines = ["| tokens | kernels | levers | status | peak GiB | s / step (steady) | s per 1k tokens |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         steady = r["step_s"][1:] or r["step_s"]
         s = f"{sum(steady) / len(steady):.2f}" if steady and r["status"] == "ok" else "-"
         k = f"{r['s_per_1k_tokens']:.3f}" if "s_per_1k_tokens" in r else "-"
-        lines.append(f"| {r['tokens']} | {r['lever']} | {r['status']} | {r['peak_gib']:.2f} | {s} | {k} |")
+        lines.append(f"| {r['tokens']} | {r.get('kernels', '-')} | {r['lever']} | {r['status']} | {r['peak_gib']:.2f} | {s} | {k} |")
     return "\n".join(lines)
 
 
@@ -95,26 +113,24 @@ def main() -> None:
     ap.add_argument("--cap-gib", type=float, default=24.0)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--levers", nargs="+", default=list(LEVERS), help="tried in order until one fits")
+    ap.add_argument("--kernels", nargs="+", default=["off"], choices=["auto", "on", "off"],
+                    help="warm_start.fast_kernels settings to measure (off: transformers' PyTorch path)")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per configuration before it is ended")
     ap.add_argument("--json")
-    ap.add_argument("--worker", nargs=2, metavar=("TOKENS", "LEVER"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker", nargs=3, metavar=("TOKENS", "LEVER", "KERNELS"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        print("RESULT " + json.dumps(worker(int(a.worker[0]), a.worker[1], a.cap_gib, a.steps)), flush=True)
+        print("RESULT " + json.dumps(worker(int(a.worker[0]), a.worker[1], a.cap_gib, a.steps, a.worker[2])), flush=True)
         return
     rows = []
-    for tokens in a.tokens:
-        for lever in a.levers:
-            proc = subprocess.run([sys.executable, "-m", "bench.sft_memory", "--worker", str(tokens), lever,
-                                   "--cap-gib", str(a.cap_gib), "--steps", str(a.steps)],
-                                  capture_output=True, text=True)
-            found = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-            row = json.loads(found[-1][7:]) if found else {
-                "tokens": tokens, "lever": lever, "status": f"crashed (rc {proc.returncode})", "peak_gib": 0.0,
-                "step_s": [], "stderr_tail": proc.stderr[-2000:]}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            if row["status"] == "ok":
-                break
+    for kernels in a.kernels:
+        for tokens in a.tokens:
+            for lever in a.levers:
+                row = run_one(tokens, lever, kernels, a)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                if row["status"] == "ok":
+                    break
     print(table(rows))
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
