@@ -5,6 +5,7 @@ tool calls. Cached under the user cache dir; every later call is a path lookup.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -52,9 +53,20 @@ def _download_gguf(dest: Path) -> Path:
     return dest
 
 
+def refresh_template(folder: Path) -> None:
+    """A folder built before a template change gets the current template (it is all the
+    folder's chat format): written beside and renamed, so a concurrent reader sees one or the other."""
+    path = folder / "chat_template.jinja"
+    if path.is_file() and path.read_text() != TEMPLATE.read_text():
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(TEMPLATE.read_text())
+        os.replace(tmp, path)
+
+
 def prepare_default_model(force: bool = False) -> Path:
     out = default_model_dir()
     if (out / "model.safetensors").is_file() and not force:
+        refresh_template(out)
         return out
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -117,3 +117,35 @@ def test_recording_proxy_renders_what_the_server_recorded(worker, model_path):
     diffs += _differences("call 1 model tokens", rendered[1].completion_token_ids, recorded[1].completion_token_ids)
     assert not diffs, "\n".join(diffs)
     assert proxy.take_episode_calls("p") == []      # taken once, like the server's record
+
+
+@pytest.mark.parametrize("content", ["I'll find the function.\n", "I'll find the function.", "", "Two lines.\n\n"])
+def test_a_tool_call_turn_renders_as_the_model_wrote_it(model_path, content):
+    """The model writes `text\\n<tool_call>`; the hermes parser keeps the newline in the content,
+    and a client may send it back with or without it. The history must render the tokens the
+    model produced, else the next call's prompt does not extend the last one and the episode
+    splits into samples that each re-process the shared prefix."""
+    from transformers import AutoTokenizer
+
+    from rl.default_model import TEMPLATE
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    call = {"name": "read", "arguments": {"path": "notes.txt"}}
+    messages = [{"role": "user", "content": "Read notes.txt."}]
+    prompt = tok.apply_chat_template(messages, tools=[READ_TOOL], chat_template=TEMPLATE.read_text(),
+                                     add_generation_prompt=True, tokenize=False)
+    wrote = content if not content or content.endswith("\n") else content + "\n"   # what preceded <tool_call>
+    generated = wrote + '<tool_call>\n{"name": "read", "arguments": {"path": "notes.txt"}}\n</tool_call><|im_end|>\n'
+    history = messages + [{"role": "assistant", "content": content,
+                           "tool_calls": [{"type": "function", "function": call}]}]
+    rendered = tok.apply_chat_template(history, tools=[READ_TOOL], chat_template=TEMPLATE.read_text(), tokenize=False)
+    assert rendered == prompt + generated
+
+
+def test_a_folder_built_with_an_older_template_gets_the_current_one(tmp_path):
+    from rl.default_model import TEMPLATE, refresh_template
+
+    (tmp_path / "chat_template.jinja").write_text("{{ messages }}")
+    refresh_template(tmp_path)
+    assert (tmp_path / "chat_template.jinja").read_text() == TEMPLATE.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chat_template.jinja"]
