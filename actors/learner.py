@@ -350,11 +350,11 @@ class Learner:
             save_file(tensors, str(file), metadata={"format": "pt"})
         return str(path)
 
-    def merged_state_dict(self, device: str | torch.device | None = None) -> dict[str, torch.Tensor]:
-        """Base weights with W + scale*B@A folded in, under the base model's own key names.
+    def merged_state_dict(self) -> dict[str, torch.Tensor]:
+        """Base weights with W + scale*B@A folded in, under the base model's own key names, on CPU.
 
-        One delta at a time, each merged tensor moved to `device` (default: where it lives) as
-        soon as it is made: a 4B learner under a 12 GiB cap has no room for all deltas at once."""
+        One delta at a time, each merged tensor moved to host memory as soon as it is made: a 4B
+        learner under a 12 GiB cap has no room for all deltas at once."""
         from peft.tuners.lora import LoraLayer
 
         base = self.model.get_base_model()
@@ -368,14 +368,14 @@ class Learner:
                 module = clean.rsplit(".", 1)[0]
                 if clean.endswith(".weight") and module in lora:
                     tensor = tensor + lora[module].get_delta_weight(ADAPTER_NAME).to(tensor.dtype)
-                merged[clean] = tensor if device is None else tensor.to(device)
+                merged[clean] = tensor.to("cpu")
         return merged
 
     def merged_weights(self) -> dict[str, torch.Tensor]:
         """The merged model as CPU tensors under the checkpoint's key names (a tied LM head
         left out, shared storage cloned): what vLLM loads, from a file or from memory."""
         base = self.model.get_base_model()
-        state = self.merged_state_dict(device="cpu")
+        state = self.merged_state_dict()
         if getattr(base.config, "tie_word_embeddings", False):
             state.pop("lm_head.weight", None)
         layout = self.layout
@@ -383,7 +383,7 @@ class Learner:
         tensors = {}
         for k, v in state.items():
             k = layout.to_checkpoint_key(k) if layout is not None else k
-            v = v.detach().to("cpu").contiguous()
+            v = v.detach().contiguous()
             if v.data_ptr() in seen:
                 v = v.clone()
             seen.add(v.data_ptr())
