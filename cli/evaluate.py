@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from envs.split import select_tasks
+from envs.split import select_tasks, spread
 from orchestrator.eval_report import render_markdown, write_report
 from rl.config import ConfigError, RunConfig, load_config
 
@@ -38,7 +38,7 @@ def held_out_tasks(cfg: RunConfig, out_dir: Path, run_dir: str | None, side: str
         chosen = select_tasks(cfg.task, cfg.trainer.seed, run_dir, side, trained_split=True)
     else:
         chosen = select_tasks(cfg.task, cfg.trainer.seed, out_dir, side)
-    return chosen[:cfg.eval.max_tasks] if cfg.eval.max_tasks else chosen
+    return spread(chosen, cfg.eval.max_tasks, cfg.trainer.seed)
 
 
 def latest_adapter(run_dir: str) -> str | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from envs.split import select_tasks, write_band
+from envs.split import select_tasks, spread, write_band
 from orchestrator.eval_report import RECORDS_FILE, load_records, passed
 from orchestrator.plots import plot_pass_rates
 from rl.config import RunConfig
@@ -23,10 +23,11 @@ BAND_FILE = "band.json"
 
 
 def calibration_tasks(cfg: RunConfig, run_dir: str | Path) -> list:
-    """The training side of the run's split (never narrowed by an earlier band), first max_tasks."""
+    """The training side of the run's split (never narrowed by an earlier band); max_tasks of them
+    spread over the library's files."""
     task_cfg = cfg.task.model_copy(update={"band_file": None})
     tasks = select_tasks(task_cfg, cfg.trainer.seed, run_dir, "train")
-    return tasks[:cfg.calibrate.max_tasks] if cfg.calibrate.max_tasks else tasks
+    return spread(tasks, cfg.calibrate.max_tasks, cfg.trainer.seed)
 
 
 def band_from_records(records: list[dict], task_ids: list[str], k: int, lo: float, hi: float,

@@ -219,7 +219,8 @@ class EvalConfig(Section):
     k: int = Field(3, ge=1)
     scaffold: Literal["native", "pi"] = "pi"
     out_dir: str = "runs/eval"
-    max_tasks: int | None = Field(None, ge=1)
+    max_tasks: int | None = Field(None, ge=1, description="evaluate N held-out tasks, spread over the "
+                                   "library's files (seeded by trainer.seed)")
     parallel: int | None = Field(None, ge=1, description="episodes at once; default: every env slot")
     model_id: str = Field(SERVED_MODEL, description="model name the scaffold asks the policy server for")
 
@@ -235,7 +236,8 @@ class CalibrateConfig(Section):
     band_by: Literal["pass_rate", "mean_reward"] = Field(
         "pass_rate", description="what [lo, hi] bounds: the pass rate, or the mean reward of tasks whose episodes "
                                  "do not all score alike (partial credit; a signal before any episode passes)")
-    max_tasks: int | None = Field(None, ge=1, description="calibrate only the first N training tasks")
+    max_tasks: int | None = Field(None, ge=1, description="calibrate N training tasks, spread over the "
+                                   "library's files (seeded by trainer.seed)")
     parallel: int | None = Field(None, ge=1, description="episodes at once; default: every env slot")
 
     @model_validator(mode="after")

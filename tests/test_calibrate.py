@@ -175,3 +175,21 @@ def test_a_reward_band_keeps_partial_credit_tasks_whose_rewards_differ():
     by_reward = band_from_records(records, ["partial", "alike", "zero"], k=4, lo=0.1, hi=0.9, by="mean_reward")
     assert by_pass["tasks"] == [] and by_reward["tasks"] == ["partial"]   # "alike" would only give tying groups
     assert "band (mean_reward in [0.1, 0.9]) holds 1" in render_band(by_reward)
+
+
+def test_max_tasks_spreads_over_files_and_functions():
+    """calibrate/eval max_tasks take N tasks across the library's files, not the first N ids
+    (sorted ids put one module's functions, every level of each, first)."""
+    from envs.split import spread
+    from envs.tasks import load_tasks
+    tasks = sorted(load_tasks(REPO / "configs" / "tasks" / "toolz-levels.jsonl"), key=lambda t: t.id)
+    n_files = len({t.module_path for t in tasks})
+    first = tasks[:n_files]
+    picked = spread(tasks, n_files, seed=0)
+    assert len(picked) == n_files == len({t.id for t in picked})
+    assert len({t.module_path for t in picked}) == n_files > len({t.module_path for t in first})
+    twice = spread(tasks, 2 * n_files, seed=0)
+    assert len({t.function_key for t in twice}) == len(twice)       # no function twice while others wait
+    assert [t.id for t in spread(tasks, n_files, seed=0)] == [t.id for t in picked]
+    assert [t.id for t in spread(tasks, n_files, seed=1)] != [t.id for t in picked]
+    assert spread(tasks, None, 0) == tasks and spread(tasks, len(tasks) + 5, 0) == tasks
