@@ -20,7 +20,6 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from actors.chat_format import conversation_calls
 from actors.http_thread import ThreadedServer, bind_address
 from rl.types import CallRecord
 
@@ -104,6 +103,7 @@ class RecordingProxy:
         if last is None:
             return []
         body, message = last
+        from actors.chat_format import conversation_calls  # vLLM's request model: ~7 s to import, actor-side only
         return conversation_calls(self.tokenizer, [*body["messages"], message], body.get("tools"))
 
     def shutdown(self) -> None:

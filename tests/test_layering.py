@@ -110,3 +110,14 @@ def test_the_walk_sees_imports_inside_functions_and_circles():
     assert cycles({"a": [("b", 1)], "b": [("a", 1)]}) == [["a", "b"]]
     with pytest.raises(AssertionError):
         assert upward_edges({"actors.x": [("scaffolds.y", 3)]}) == []
+
+
+def test_the_driver_does_not_import_the_engine():
+    """`rlvr train`'s own process places actors; vLLM loads in the rollout actor. Importing vLLM's
+    request model in the driver cost ~7 s of start-up before any actor started."""
+    import subprocess
+    import sys
+    code = ("import sys, cli.main, cli.train, orchestrator.loop, orchestrator.calibrate; "
+            "print(sorted(m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout[:300]
