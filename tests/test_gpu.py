@@ -8,11 +8,12 @@ import random
 import pytest
 
 from orchestrator.parity import parity_gap
-from rl.config import LearnerConfig, ModelConfig, RolloutConfig, SyncConfig
+from rl.config import LearnerConfig, ModelConfig, RolloutConfig, load_config
 from rl.types import TrainSample
 
 pytestmark = pytest.mark.gpu
-THRESHOLD = SyncConfig().parity_threshold
+# bf16 on both sides: the GPU recipe's threshold (measured on the 4B shape), not the CPU fp32 default
+THRESHOLD = load_config("configs/qwen35_4b_24gb.yaml").sync.parity_threshold
 MODEL = ModelConfig(dtype="bfloat16")
 RESULTS = os.environ.get("RLVR_GPU_RESULTS")  # a folder: each test also writes its numbers there
 
