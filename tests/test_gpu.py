@@ -4,6 +4,9 @@ checkpoint in the layout it ships in. A tiny random model with the 4B model's he
 import json
 import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +19,19 @@ pytestmark = pytest.mark.gpu
 THRESHOLD = load_config("configs/qwen35_4b_24gb.yaml").sync.parity_threshold
 MODEL = ModelConfig(dtype="bfloat16")
 RESULTS = os.environ.get("RLVR_GPU_RESULTS")  # a folder: each test also writes its numbers there
+
+
+def _in_own_process(request) -> bool:
+    """vLLM's sleep-mode allocator is one per process ("CuMem allocator can only be used for one
+    instance per process"): each engine-building test runs again in a pytest process of its own.
+    True in the outer run, whose only job is that process's exit status."""
+    if os.environ.get("RLVR_GPU_INNER"):
+        return False
+    repo = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", request.node.nodeid],
+                          cwd=repo, env={**os.environ, "RLVR_GPU_INNER": "1"})
+    assert done.returncode == 0, f"{request.node.nodeid} failed in its own process (its output is above)"
+    return True
 
 
 def _record(name: str, data: dict) -> None:
@@ -43,7 +59,9 @@ def _worker(ckpt, sleep_level, lora):
 
 def _learner(ckpt):
     from actors.learner import Learner
-    return Learner(ckpt, LearnerConfig(num_gpus=1, lr=2e-2, lora_rank=8, lora_alpha=16), MODEL, seed=0)
+    # PyTorch GDN path: fla autotunes every kernel for minutes on first use (its own test covers it)
+    return Learner(ckpt, LearnerConfig(num_gpus=1, lr=2e-2, lora_rank=8, lora_alpha=16, fast_kernels="off"), MODEL,
+                   seed=0)
 
 
 def _train(learner, steps=3):
@@ -59,7 +77,10 @@ def _probe(worker):
     return [int(t) for t in worker.tokenizer("The quick brown fox jumps over the lazy dog. def add(a, b):")["input_ids"]]
 
 
-def test_sleep_wake_and_lora_sync_into_a_gpu_engine(ckpt, tmp_path):
+def test_sleep_wake_and_lora_sync_into_a_gpu_engine(request, tmp_path):
+    if _in_own_process(request):
+        return
+    ckpt = request.getfixturevalue("ckpt")
     worker = _worker(ckpt, sleep_level=1, lora=True)
     learner = _learner(ckpt)
     try:
@@ -87,7 +108,10 @@ def test_sleep_wake_and_lora_sync_into_a_gpu_engine(ckpt, tmp_path):
         worker.shutdown()
 
 
-def test_merged_sync_and_level2_wake_reload_the_trained_weights(ckpt, tmp_path):
+def test_merged_sync_and_level2_wake_reload_the_trained_weights(request, tmp_path):
+    if _in_own_process(request):
+        return
+    ckpt = request.getfixturevalue("ckpt")
     worker = _worker(ckpt, sleep_level=2, lora=False)
     learner = _learner(ckpt)
     try:
@@ -107,7 +131,10 @@ def test_merged_sync_and_level2_wake_reload_the_trained_weights(ckpt, tmp_path):
         worker.shutdown()
 
 
-def test_gated_deltanet_parity_prefill_and_decode(ckpt):
+def test_gated_deltanet_parity_prefill_and_decode(request):
+    if _in_own_process(request):
+        return
+    ckpt = request.getfixturevalue("ckpt")
     from bench.gpu_parity import measure, prompts_for
     worker = _worker(ckpt, sleep_level=0, lora=False)
     learner = _learner(ckpt)
