@@ -32,8 +32,12 @@ def run_config(args):
 
 def train(args) -> int:
     cfg, run_dir = run_config(args)
-    from cli.doctor import preflight_or_exit
-    preflight_or_exit(cfg)  # before any actor starts: a missing sandbox or model folder fails here
+    from cli.doctor import start_preflight
+    from orchestrator.console import actor_log_tails
+    from orchestrator.loop import Trainer  # heavy (ray, torch): once the config is good, before the preflight thread
+    preflight = start_preflight(cfg)  # waited on before any actor starts: a missing sandbox or model fails there
+    if (cfg.warm_start.enabled or cfg.calibrate.enabled) and not args.resume:
+        preflight()                   # those stages start actors of their own
     if cfg.warm_start.enabled and not args.resume:
         from orchestrator.warm_start import run_warm_start  # reuses a finished warm-start folder
 
@@ -55,10 +59,8 @@ def train(args) -> int:
                              "(task.levels)")
         cfg.task.band_file = str(run_dir / BAND_FILE)
         print(f"[rlvr] GRPO trains on the band {cfg.task.band_file}", flush=True)
-    from orchestrator.console import actor_log_tails
-    from orchestrator.loop import Trainer  # heavy (ray, torch): only once the config is good
     try:
-        Trainer(cfg, run_dir).run()
+        Trainer(cfg, run_dir, before_actors=preflight).run()
     except Exception:
         tails = actor_log_tails(run_dir)  # the actors' output stays in files unless the run fails
         if tails and cfg.logging.console != "debug":

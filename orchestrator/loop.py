@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 import ray
@@ -34,8 +35,10 @@ from rl.types import TrainSample
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, weight_sync: WeightSync | None = None):
+    def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, weight_sync: WeightSync | None = None,
+                 before_actors: Callable[[], None] | None = None):
         self.cfg = cfg
+        self.before_actors = before_actors  # the preflight's wait: runs once Ray is up, before any actor
         self.run_dir = Path(run_dir or cfg.trainer.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.weight_sync = weight_sync or make_weight_sync(cfg.sync.strategy, self.run_dir, cfg.sync.transport)
@@ -48,12 +51,17 @@ class Trainer:
 
     # ---- set-up ------------------------------------------------------------------
     def _start(self) -> None:
-        from transformers import AutoTokenizer  # heavy; only the process that trains needs it
-
         cfg = self.cfg
         phases: dict[str, float] = {}  # where start-up goes; the engine loads while the learner builds
         with timed("ray", phases):
             connect(cfg, echo=cfg.logging.console == "debug")  # actor output: <run_dir>/logs
+        if self.before_actors:
+            with timed("preflight", phases):  # the checks ran while Ray started; a failure stops here
+                self._wait_preflight()
+        with timed("setup", phases):  # model folder, tokenizer, placement group
+            # imported only now: transformers' lazy module is not safe to import from two threads at once,
+            # and the preflight thread imports it while Ray starts
+            from transformers import AutoTokenizer
             self.model_path = resolve_model_path(cfg.model.path)
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
             self.placement = Placement(cfg, log_dir=self.run_dir / "logs")
@@ -70,6 +78,13 @@ class Trainer:
         print("[rlvr] start-up: " + ", ".join(f"{k[5:-2]} {v:.1f}s" for k, v in phases.items()), flush=True)
         self.nodes = self.placement.nodes()  # where each actor runs; every metrics record carries it
         print(f"[rlvr] actors on nodes {self.nodes}", flush=True)
+
+    def _wait_preflight(self) -> None:
+        try:
+            self.before_actors()
+        except SystemExit:
+            ray.shutdown()  # nothing was placed; leave no Ray behind in the caller's process
+            raise
 
     def _restore(self) -> int:
         """Load the latest checkpoint if any; returns the first step to run."""
