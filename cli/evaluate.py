@@ -1,6 +1,7 @@
 """`rlvr eval` and `rlvr eval-report`."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from envs.split import select_tasks, spread
@@ -14,8 +15,12 @@ def register(sub) -> None:
     p.add_argument("--run-dir", help="a training run: evaluate its held-out split (refuses trained-on tasks)")
     p.add_argument("--split", choices=("test", "train"), default="test",
                    help="which side of the split: held-out (default) or the training tasks (a diagnostic)")
-    p.add_argument("--adapter", help="LoRA adapter folder to serve on top of model.path")
+    p.add_argument("--adapter", help="LoRA adapter folder to serve on top of model.path; `none`: model.path alone "
+                                     "(default: with --run-dir, the run's last adapter)")
     p.add_argument("--out", help="output dir (default eval.out_dir); rerun with the same one to resume")
+    p.add_argument("--tasks-from", metavar="EVAL_DIR",
+                   help="the tasks of an earlier evaluation (its plan.json), so a verdict compares policies on "
+                        "one task set; each must still be on the chosen side of the split")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.k=3 eval.max_tasks=5")
     p.set_defaults(func=eval_command)
 
@@ -41,6 +46,20 @@ def held_out_tasks(cfg: RunConfig, out_dir: Path, run_dir: str | None, side: str
     return spread(chosen, cfg.eval.max_tasks, cfg.trainer.seed)
 
 
+def same_tasks_as(eval_dir: str, side: list) -> list:
+    """The tasks an earlier evaluation planned, in its order, taken from this side of the split."""
+    plan = Path(eval_dir) / "plan.json"
+    if not plan.is_file():
+        raise ConfigError(f"--tasks-from {eval_dir}: no plan.json there (not an evaluation's out dir)")
+    ids = json.loads(plan.read_text())["tasks"]
+    by_id = {t.id: t for t in side}
+    missing = [i for i in ids if i not in by_id]
+    if missing:
+        raise ConfigError(f"--tasks-from {eval_dir}: {len(missing)} of its tasks are not on this side of the split "
+                          f"(first: {missing[0]}); evaluate with the run dir and split that evaluation used")
+    return [by_id[i] for i in ids]
+
+
 def latest_adapter(run_dir: str) -> str | None:
     """The LoRA adapter a training run last synced through its run directory (sync.transport
     shared_dir), else the one in its latest checkpoint; None if neither exists."""
@@ -56,6 +75,31 @@ def latest_adapter(run_dir: str) -> str | None:
     return None
 
 
+def check_policy_choice(args) -> None:
+    """--run-dir serves the run's trained policy: its adapter on model.path (or its merged weights).
+    With a model.path override that would silently put the run's adapter on another model, so the
+    combination must say what to serve."""
+    if args.run_dir and not args.adapter and any(o.startswith("model.path=") for o in args.overrides):
+        raise ConfigError("--run-dir with a model.path override: say which policy to serve, `--adapter none` "
+                          "(model.path as it is; --run-dir then only names the split) or `--adapter FOLDER`; "
+                          "otherwise the run's trained adapter would be served on top of model.path")
+
+
+def served_adapter(args, cfg: RunConfig) -> str | None:
+    """The adapter to serve (None: model.path alone); a run with merged weights and no adapter
+    serves those weights instead."""
+    if args.adapter:
+        return None if args.adapter == "none" else args.adapter
+    if not args.run_dir:
+        return None
+    adapter = latest_adapter(args.run_dir)
+    merged = Path(args.run_dir, "merged_weights")
+    if adapter is None and (merged / "config.json").is_file():
+        print(f"[eval] serving the trained merged weights {merged}", flush=True)
+        cfg.model.path = str(merged)
+    return adapter
+
+
 def eval_command(args) -> int:
     # heavy (ray, torch, vLLM's protocol): only the subcommand that serves a model imports them
     import ray
@@ -63,16 +107,17 @@ def eval_command(args) -> int:
     from orchestrator.cluster import spawn_env_actors, spawn_evaluator, start_policy
 
     cfg = load_config(args.config, args.overrides)
+    check_policy_choice(args)
     out = Path(args.out or cfg.eval.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if args.tasks_from:
+        cfg.eval.max_tasks = None  # the earlier evaluation's list decides
     tasks = held_out_tasks(cfg, out, args.run_dir, args.split)
+    if args.tasks_from:
+        tasks = same_tasks_as(args.tasks_from, tasks)
     if not tasks:
         raise ConfigError(f"no {args.split} tasks to evaluate (check task.max_tasks / task.train_fraction)")
-    adapter = args.adapter or (latest_adapter(args.run_dir) if args.run_dir else None)
-    merged = Path(args.run_dir or "", "merged_weights")
-    if args.run_dir and adapter is None and (merged / "config.json").is_file():
-        print(f"[eval] serving the trained merged weights {merged}", flush=True)
-        cfg.model.path = str(merged)
+    adapter = served_adapter(args, cfg)
     worker, base_url = start_policy(cfg, adapter)
     env_actors = spawn_env_actors(cfg, tasks=tasks, scaffold=cfg.eval.scaffold)
     evaluator = spawn_evaluator(cfg, str(out))

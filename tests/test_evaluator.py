@@ -79,6 +79,20 @@ def test_plan_mismatch_refuses_to_mix_evaluations(tmp_path):
         ev._check_plan({"tasks": ["a"], "k": 4})
 
 
+def test_tasks_from_takes_an_earlier_evaluations_tasks_in_its_order(tmp_path):
+    from types import SimpleNamespace
+
+    from cli.evaluate import same_tasks_as
+    from rl.config import ConfigError
+    side = [SimpleNamespace(id=i) for i in ("a", "b", "c", "d")]
+    (tmp_path / "plan.json").write_text(json.dumps({"tasks": ["c", "a"], "k": 4}))
+    assert [t.id for t in same_tasks_as(str(tmp_path), side)] == ["c", "a"]
+    with pytest.raises(ConfigError, match="not on this side"):
+        same_tasks_as(str(tmp_path), side[1:])
+    with pytest.raises(ConfigError, match="no plan.json"):
+        same_tasks_as(str(tmp_path / "nothing"), side)
+
+
 # --- the real thing: `rlvr eval` killed mid-way, then resumed ------------------------------
 def _eval_cmd(out: Path) -> list[str]:
     return [sys.executable, "-m", "cli.main", "eval", "--out", str(out),
@@ -149,3 +163,11 @@ def test_repo_diff_shows_only_source_changes(tmp_path):
     (b / "__pycache__" / "m.pyc").write_bytes(b"\0")
     diff = repo_diff(a, b)
     assert "-x = 1" in diff and "+x = 2" in diff and "m.pyc" not in diff
+
+
+def test_run_dir_with_another_model_must_say_what_to_serve(tmp_path, capsys):
+    """--run-dir serves the run's adapter on model.path; with model.path overridden that silently
+    put the adapter on a model it was not trained on, so the command now refuses the ambiguity."""
+    from cli.main import main
+    code = main(["eval", "--run-dir", str(tmp_path), "--out", str(tmp_path / "e"), "model.path=/some/other/model"])
+    assert code == 2 and "--adapter none" in capsys.readouterr().err
