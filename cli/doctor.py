@@ -29,11 +29,6 @@ def doctor(args) -> int:
     return 1 if bad else 0
 
 
-def preflight_or_exit(cfg) -> None:
-    """The cheap checks before training: stop with the table when one fails."""
-    start_preflight(cfg)()
-
-
 def start_preflight(cfg) -> Callable[[], None]:
     """Start the cheap checks in a thread (files, a tokenizer, `pi --version`; no Ray) and return
     the wait: Ray starts while they run (~3 s of start-up each), and the wait stops with the table

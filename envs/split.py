@@ -144,6 +144,11 @@ def in_band(train_ids: list[str], band_file: str | Path) -> list[str]:
     return chosen
 
 
+def _interleave(lists: list[list[Task]]) -> list[Task]:
+    """Round robin: the first of each list, then the second of each, ..."""
+    return [lst[i] for i in range(max(map(len, lists), default=0)) for lst in lists if i < len(lst)]
+
+
 def spread(tasks: list[Task], n: int | None, seed: int) -> list[Task]:
     """n of the tasks spread over the library: a seeded round robin over source files, and within a
     file over functions, so a small calibration or evaluation does not sample the first module's
@@ -154,21 +159,15 @@ def spread(tasks: list[Task], n: int | None, seed: int) -> list[Task]:
     files: dict[str, dict[str, list[Task]]] = {}
     for t in sorted(tasks, key=lambda t: t.id):
         files.setdefault(t.module_path, {}).setdefault(t.function_key, []).append(t)
-    queues = []                      # per file: its tasks, one function at a time in turn
+    per_file = []
     for funcs in files.values():
         groups = list(funcs.values())
         rng.shuffle(groups)
         for g in groups:
             rng.shuffle(g)
-        queue = [g[i] for i in range(max(map(len, groups))) for g in groups if i < len(g)]
-        queues.append(queue)
-    rng.shuffle(queues)
-    picked: list[Task] = []
-    while len(picked) < n:
-        for q in queues:
-            if q and len(picked) < n:
-                picked.append(q.pop(0))
-    return picked
+        per_file.append(_interleave(groups))
+    rng.shuffle(per_file)
+    return _interleave(per_file)[:n]
 
 
 def select_tasks(task_cfg: TaskConfig, seed: int, split_dir: str | Path, side: str,

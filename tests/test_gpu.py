@@ -16,7 +16,8 @@ from rl.types import TrainSample
 
 pytestmark = pytest.mark.gpu
 # bf16 on both sides: the GPU recipe's threshold (measured on the 4B shape), not the CPU fp32 default
-THRESHOLD = load_config("configs/qwen35_4b_24gb.yaml").sync.parity_threshold
+REPO = Path(__file__).resolve().parent.parent
+THRESHOLD = load_config(REPO / "configs" / "qwen35_4b_24gb.yaml").sync.parity_threshold
 MODEL = ModelConfig(dtype="bfloat16")
 RESULTS = os.environ.get("RLVR_GPU_RESULTS")  # a folder: each test also writes its numbers there
 
@@ -27,9 +28,8 @@ def _in_own_process(request) -> bool:
     True in the outer run, whose only job is that process's exit status."""
     if os.environ.get("RLVR_GPU_INNER"):
         return False
-    repo = Path(__file__).resolve().parent.parent
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", request.node.nodeid],
-                          cwd=repo, env={**os.environ, "RLVR_GPU_INNER": "1"})
+                          cwd=REPO, env={**os.environ, "RLVR_GPU_INNER": "1"})
     assert done.returncode == 0, f"{request.node.nodeid} failed in its own process (its output is above)"
     return True
 
