@@ -371,6 +371,26 @@ class Learner:
                 merged[clean] = tensor.to("cpu")
         return merged
 
+    def lora_factors(self) -> dict[str, tuple[torch.Tensor, torch.Tensor, float]]:
+        """Each adapted weight's LoRA factors as (A, B, scale) CPU tensors, under the checkpoint's
+        key names: the engine folds W + scale*B@A in itself (sync.merge_on=engine), so a sync
+        ships megabytes of factors instead of the whole model."""
+        from peft.tuners.lora import LoraLayer
+
+        base = self.model.get_base_model()
+        factors = {}
+        for name, m in base.named_modules():
+            if not (isinstance(m, LoraLayer) and ADAPTER_NAME in m.lora_A):
+                continue
+            if m.fan_in_fan_out:
+                raise ValueError(f"{name}: fan_in_fan_out LoRA layers are not supported by sync.merge_on=engine")
+            key = f"{name.replace('.base_layer', '')}.weight"
+            key = self.layout.to_checkpoint_key(key) if self.layout is not None else key
+            factors[key] = (m.lora_A[ADAPTER_NAME].weight.detach().to("cpu", copy=True),
+                            m.lora_B[ADAPTER_NAME].weight.detach().to("cpu", copy=True),
+                            float(m.scaling[ADAPTER_NAME]))
+        return factors
+
     def merged_weights(self) -> dict[str, torch.Tensor]:
         """The merged model as CPU tensors under the checkpoint's key names (a tied LM head
         left out, shared storage cloned): what vLLM loads, from a file or from memory."""

@@ -97,6 +97,10 @@ class LearnerGroup:
         """The merged weights as CPU tensors in the object store (Learner.merged_weights)."""
         return self.actors[0].merged_weights.remote()
 
+    def lora_factors_ref(self) -> ray.ObjectRef:
+        """The LoRA factors of every adapted weight in the object store (Learner.lora_factors)."""
+        return self.actors[0].lora_factors.remote()
+
     def num_trainable_params(self) -> int:
         return ray.get(self.actors[0].num_trainable_params.remote())
 

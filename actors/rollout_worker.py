@@ -15,7 +15,7 @@ import tempfile
 from actors.engine import EngineLoop, Policy, collect_completion, configure_engine_env, scored_logprobs
 from rl.checkpoint_layout import CheckpointLayout
 from rl.config import ModelConfig, RolloutConfig
-from rl.folders import write_folder
+from rl.folders import read_safetensors, write_folder
 from rl.types import CallRecord, Completion
 
 log = logging.getLogger("rlvr.rollout")
@@ -60,6 +60,7 @@ class RolloutWorker:
         self.policy = Policy(self.loop, rollout, model_path)
         self._lora_ids = itertools.count(1)
         self._weights: str | dict = model_path  # what a level-2 wake must reload: a folder or tensors
+        self._base_weights: dict | None = None  # the folder's tensors, kept for sync.merge_on=engine
         self._local_adapter: str | None = None  # node-local folder of the adapter installed from memory
         self._asleep = False
         self._server = None
@@ -159,6 +160,24 @@ class RolloutWorker:
         if not tensors:
             raise ValueError("install_weights: got no tensors")
         self._reload({"weights_iterator": iter(tensors.items())}, tensors)
+
+    def install_lora_merged(self, factors: dict) -> None:
+        """Fold LoRA factors (Learner.lora_factors) into the base weights here and load the result in
+        place: the merged model of sync.strategy=merged without shipping it. The base weights are
+        read from the model folder once and kept in host memory (the model's size)."""
+
+        if not factors:
+            raise ValueError("install_lora_merged: got no LoRA factors")
+        if self._base_weights is None:
+            self._base_weights = read_safetensors(self.model_path)
+        unknown = sorted(set(factors) - set(self._base_weights))
+        if unknown:
+            raise KeyError(f"LoRA factors for weights the model folder does not have: {unknown[:3]}")
+        merged = dict(self._base_weights)
+        for key, (a, b, scale) in factors.items():  # in fp32, stored in the folder's dtype
+            base = self._base_weights[key]
+            merged[key] = (base.float() + (b.float() @ a.float()) * scale).to(base.dtype)
+        self._reload({"weights_iterator": iter(merged.items())}, merged)
 
     # --- sleep / wake ---------------------------------------------------------------
     def sleep(self) -> None:

@@ -1,14 +1,21 @@
 """Our GRPO loop vs TRL's GRPOTrainer on the same tiny job, alternated in one run: start-up
 and steady-state step time.
 
-The job: SmolLM2-135M, LoRA r16 on all projections, the length reward on the loop-closure
-prompts, one prompt x 8 completions x at most 64 tokens per step, one thread per process
-(ours: engine and learner one each). Each run is a fresh process, as a user starts it:
-start-up is launch -> first step begins; steady state is the median step after the first.
-Ours is `rlvr train configs/length.yaml` with the matching overrides; TRL's is
-GRPOTrainer (HF generate) on the same prompts and reward.
+The job: SmolLM2-135M, LoRA r16 on all projections, no gradient checkpointing, the length
+reward on the loop-closure prompts, one prompt x 8 completions x at most 64 tokens per step,
+one thread per process (ours: engine and learner one each). Each run is a fresh process, as
+a user starts it: start-up is launch -> first step begins; a step is the wall time from one
+step's end to the next one's (both sides alike); steady state is the median step after the
+first. Sides:
+  ours        `rlvr train configs/length.yaml` with the matching overrides (synchronous)
+  ours-ahead  the same with trainer.rollout_ahead=true: the engine rolls out step k+1 while
+              the learner trains step k, so the step uses both cores
+  trl         GRPOTrainer (HF generate) on the same prompts and reward, one thread
+  trl-2t      the same with two threads: the two cores ours-ahead uses
+Each step's mean completion length is kept too: the reward shortens completions, and a side
+whose completions shrink faster does less work per step.
 
-    python bench/trl_grpo.py [--steps 4] [--rounds 2] [--json out.json]
+    python bench/trl_grpo.py [--steps 4] [--rounds 2] [--sides ours,ours-ahead,trl,trl-2t] [--json out.json]
 """
 from __future__ import annotations
 
@@ -32,36 +39,51 @@ def ours_overrides(run_dir: Path, steps: int) -> list[str]:
     return [f"trainer.run_dir={run_dir}", f"trainer.steps={steps}", "trainer.batch_size=1",
             f"trainer.group_size={GROUP}", f"trainer.checkpoint_every={steps}", f"rollout.max_tokens={MAX_TOKENS}",
             "rollout.num_cpus=1", "learner.torch_threads=1", "learner.lora_rank=16", "learner.lora_alpha=32",
-            f"learner.lr={LR}", "sync.strategy=merged"]
+            f"learner.lr={LR}", "learner.gradient_checkpointing=false", "sync.strategy=merged"]
 
 
-def run_ours(steps: int) -> dict:
+PHASES = ("time_rollout_s", "time_rollout_wait_s", "time_learn_s", "time_sync_s", "time_probe_s")
+
+
+def run_ours(steps: int, extra: tuple[str, ...] = ()) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix="bench-ours-")) / "run"
     launch = time.time()
-    subprocess.run([sys.executable, "-m", "cli.main", "train", "configs/length.yaml", *ours_overrides(run_dir, steps)],
-                   cwd=ROOT, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    subprocess.run([sys.executable, "-m", "cli.main", "train", "configs/length.yaml", *ours_overrides(run_dir, steps),
+                    *extra], cwd=ROOT, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
     recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # a record is written when its step ends; the first step's phases give its start
     first = recs[0]
     first_step = sum(first.get(k, 0.0) for k in ("time_rollout_s", "time_learn_s", "time_sync_s", "time_probe_s"))
-    steps_s = [b["time"] - a["time"] for a, b in zip(recs, recs[1:])]
-    return {"startup_s": first["time"] - first_step - launch, "step_s": steps_s, "first_step_s": first_step,
-            "reward_mean": [r["reward_mean"] for r in recs]}
+    return {"startup_s": first["time"] - first_step - launch,
+            "step_s": [b["time"] - a["time"] for a, b in zip(recs, recs[1:])],
+            "first_step_s": first_step, "reward_mean": [r["reward_mean"] for r in recs],
+            "completion_tokens_mean": [r["gen_tokens_mean"] for r in recs],
+            "phases": [{k: round(r[k], 2) for k in PHASES if k in r} for r in recs]}
 
 
-def run_trl(steps: int) -> dict:
+def run_trl(steps: int, threads: int = 1) -> dict:
     out = Path(tempfile.mkdtemp(prefix="bench-trl-")) / "times.json"
     launch = time.time()
-    subprocess.run([sys.executable, __file__, "--trl-child", str(out), "--steps", str(steps)], cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    subprocess.run([sys.executable, __file__, "--trl-child", str(out), "--steps", str(steps), "--threads", str(threads)],
+                   cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
+                   env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads)})
     t = json.loads(out.read_text())
-    return {"startup_s": t["begin"][0] - launch, "step_s": [e - b for b, e in zip(t["begin"][1:], t["end"][1:])],
-            "first_step_s": t["end"][0] - t["begin"][0], "reward_mean": t["reward"]}
+    return {"startup_s": t["begin"][0] - launch, "step_s": [b - a for a, b in zip(t["end"], t["end"][1:])],
+            "first_step_s": t["end"][0] - t["begin"][0], "reward_mean": t["reward"],
+            "completion_tokens_mean": t["length"],
+            "phases": [{"generate_s": round(g, 2), "step_s": round(e - b, 2)}
+                       for g, b, e in zip(t["generate"], t["begin"], t["end"])]}
 
 
-def trl_child(out: str, steps: int) -> None:
-    """TRL's GRPOTrainer on the same job; writes step begin/end wall times to `out`."""
+SIDES = {"ours": lambda steps: run_ours(steps), "ours-ahead": lambda steps: run_ours(steps, ("trainer.rollout_ahead=true",)),
+         "trl": lambda steps: run_trl(steps, 1), "trl-2t": lambda steps: run_trl(steps, 2)}
+
+
+def trl_child(out: str, steps: int, threads: int) -> None:
+    """TRL's GRPOTrainer on the same job; writes step begin/end wall times (and the time each
+    step spent generating) to `out`."""
     import torch
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import TrainerCallback
@@ -71,7 +93,7 @@ def trl_child(out: str, steps: int) -> None:
     from rl.default_model import resolve_model_path
     from rl.length_reward import LENGTH_PROMPTS
 
-    times: dict[str, list] = {"begin": [], "end": [], "reward": []}
+    times: dict[str, list] = {"begin": [], "end": [], "reward": [], "length": [], "generate": []}
 
     class Clock(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
@@ -83,6 +105,7 @@ def trl_child(out: str, steps: int) -> None:
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "reward" in logs:
                 times["reward"].append(logs["reward"])
+                times["length"].append(logs.get("completions/mean_length"))
 
     def shorter(completion_ids, **kw):  # rl.length_reward's rule on token ids
         return [0.0 if len(ids) >= MAX_TOKENS else 1.0 - len(ids) / MAX_TOKENS for ids in completion_ids]
@@ -96,6 +119,16 @@ def trl_child(out: str, steps: int) -> None:
                       task_type="CAUSAL_LM")
     trainer = GRPOTrainer(model=resolve_model_path("default"), reward_funcs=shorter, args=args,
                           train_dataset=data, peft_config=lora, callbacks=[Clock()])
+    generate = trainer._generate_and_score_completions  # its rollout phase, timed from outside
+
+    def timed_generate(*a, **kw):
+        t0 = time.time()
+        try:
+            return generate(*a, **kw)
+        finally:
+            times["generate"].append(time.time() - t0)
+
+    trainer._generate_and_score_completions = timed_generate
     trainer.train()
     Path(out).write_text(json.dumps(times))
 
@@ -104,28 +137,39 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--sides", default="ours,ours-ahead,trl,trl-2t", help=f"comma-separated, of {', '.join(SIDES)}")
     ap.add_argument("--json")
     ap.add_argument("--trl-child", help=argparse.SUPPRESS)
+    ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.trl_child:
-        trl_child(args.trl_child, args.steps)
+        trl_child(args.trl_child, args.steps, args.threads)
         return
-    runs: dict[str, list[dict]] = {"ours": [], "trl": []}
+    sides = args.sides.split(",")
+    unknown = [s for s in sides if s not in SIDES]
+    if unknown or args.steps < 3:
+        ap.error(f"unknown side(s) {unknown}" if unknown else "--steps must be >= 3 (steady state needs two steps "
+                 "after the first)")
+    runs: dict[str, list[dict]] = {name: [] for name in sides}
     for r in range(args.rounds):
-        for name, fn in ((("ours", run_ours), ("trl", run_trl)) if r % 2 == 0 else (("trl", run_trl), ("ours", run_ours))):
-            res = fn(args.steps)
+        for name in (sides if r % 2 == 0 else sides[::-1]):
+            res = SIDES[name](args.steps)
             runs[name].append(res)
-            print(f"round {r + 1} {name:>4}: start-up {res['startup_s']:.1f}s, steps {[round(s, 1) for s in res['step_s']]}",
-                  flush=True)
+            print(f"round {r + 1} {name:>10}: start-up {res['startup_s']:.1f}s, steps {[round(s, 1) for s in res['step_s']]}, "
+                  f"completion tokens {[round(x or 0, 1) for x in res['completion_tokens_mean']]}", flush=True)
     summary = {name: {"startup_s": statistics.median(r["startup_s"] for r in rs),
-                      "steady_step_s": statistics.median(s for r in rs for s in r["step_s"])}
+                      "steady_step_s": statistics.median(s for r in rs for s in r["step_s"]),
+                      "completion_tokens_mean": statistics.fmean(x for r in rs for x in r["completion_tokens_mean"][1:]
+                                                                 if x is not None)}
                for name, rs in runs.items()}
-    o, t = summary["ours"], summary["trl"]
-    print(f"\n{GROUP} completions x {MAX_TOKENS} tokens, LoRA r16, 1 thread; {args.rounds} alternated rounds x "
-          f"{args.steps} steps (load {os.getloadavg()[0]:.1f})")
-    print(f"{'':>14} | {'ours':>8} | {'TRL':>8} | {'ours/TRL':>8}")
-    for key in ("startup_s", "steady_step_s"):
-        print(f"{key:>14} | {o[key]:>8.1f} | {t[key]:>8.1f} | {o[key] / t[key]:>8.2f}")
+    base = summary.get("trl") or summary[sides[-1]]
+    print(f"\n{GROUP} completions x {MAX_TOKENS} tokens, LoRA r16; {args.rounds} alternated rounds x "
+          f"{args.steps} steps (load {os.getloadavg()[0]:.1f}); ratios against trl (1 thread)")
+    print(f"{'side':>10} | {'start-up s':>10} | {'ratio':>5} | {'step s':>6} | {'ratio':>5} | {'tokens/completion':>17}")
+    for name, m in summary.items():
+        print(f"{name:>10} | {m['startup_s']:>10.1f} | {m['startup_s'] / base['startup_s']:>5.2f} | "
+              f"{m['steady_step_s']:>6.1f} | {m['steady_step_s'] / base['steady_step_s']:>5.2f} | "
+              f"{m['completion_tokens_mean']:>17.1f}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"args": vars(args), "summary": summary, "runs": runs,

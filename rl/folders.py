@@ -1,5 +1,6 @@
 """A folder as a value: {relative path: bytes}, so files can travel between nodes through
-Ray's object store instead of a shared filesystem (adapters, learner state)."""
+Ray's object store instead of a shared filesystem (adapters, learner state); and a model
+folder's weights as one {name: tensor} dict."""
 from __future__ import annotations
 
 import os
@@ -22,3 +23,13 @@ def write_folder(files: dict[str, bytes], root: str | Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
     return root
+
+
+def read_safetensors(root: str | Path) -> dict:
+    """Every tensor of a model folder's *.safetensors files, under the checkpoint's own names."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(root).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{root} holds no *.safetensors file")
+    return {k: v for f in files for k, v in load_file(str(f)).items()}

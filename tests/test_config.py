@@ -63,6 +63,7 @@ def test_on_off_choices_survive_yaml_booleans():
     (["scaffold.max_episode_tokens=9000", "rollout.max_model_len=2048"], "max_episode_tokens"),
     (["rollout.num_gpus=0.5", "rollout.sleep_level=2", "sync.strategy=lora"], "sync.strategy=merged"),
     (["sync.strategy=lora", "rollout.guided_logprobs=rescore"], "guided_logprobs=learner"),
+    (["trainer.rollout_ahead=true", "rollout.num_gpus=0.5"], "sleep_level=0"),
 ])
 def test_known_bad_combinations_rejected(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -76,6 +77,8 @@ def test_known_bad_combinations_have_escape_hatches():
     load_config(None, ["sync.strategy=lora", "rollout.guided_logprobs=learner"])
     load_config(None, ["sync.strategy=merged", "rollout.guided_logprobs=rescore"])
     load_config(None, ["rollout.num_gpus=1", "sync.strategy=lora", "rollout.guided_logprobs=rescore"])
+    load_config(None, ["trainer.rollout_ahead=true", "rollout.num_gpus=0.5", "rollout.sleep_level=0"])
+    load_config(None, ["trainer.rollout_ahead=true"])  # on CPU the engine never sleeps
 
 
 @pytest.mark.parametrize("argv", [["train", "trainer.stepz=3"], ["eval", "trainer.stepz=3"],

@@ -39,6 +39,24 @@ def test_loop_closes_on_the_served_policy(tmp_path, model_path, fresh_ray):
     assert (tmp_path / "run" / "reward_curve.png").stat().st_size > 1000
 
 
+def test_rollout_ahead_still_learns_one_step_off_policy(tmp_path, model_path, fresh_ray):
+    """trainer.rollout_ahead: step k+1 rolls out while step k learns, on the weights of step k-1.
+    The steps after the first take rollouts made ahead; the served policy still improves, and
+    every sync waits for the rollout in flight (the probe after it sees the learner's weights).
+    Merged weights, merged on the engine (configs/length.yaml's sync.merge_on)."""
+    from orchestrator.loop import Trainer
+    cfg = load_config(LENGTH_CFG, [f"trainer.run_dir={tmp_path / 'run'}", "trainer.steps=6",
+                                   "trainer.rollout_ahead=true", "sync.strategy=merged"])
+    Trainer(cfg).run()
+    metrics = read_metrics(tmp_path / "run")
+    rewards = [m["reward_mean"] for m in metrics]
+    print("reward_mean per step:", [round(r, 3) for r in rewards])
+    assert [m["policy_lag"] for m in metrics] == [0, 1, 1, 1, 1, 1]
+    assert all("time_rollout_wait_s" in m for m in metrics[1:])
+    assert statistics.fmean(rewards[-2:]) > statistics.fmean(rewards[:2]) + 0.15, rewards
+    assert all(m["parity_gap"] < cfg.sync.parity_threshold for m in metrics)
+
+
 class SkippedSync(WeightSync):
     """The classic silent failure: the learner trains, the served policy never changes."""
 

@@ -251,3 +251,33 @@ def test_worker_as_ray_actor_serves_and_records(model_path):
         assert len(out[0]) == 2 and all(len(c.logprobs) == len(c.token_ids) for c in out[0])
     finally:
         ray.shutdown()
+
+
+def test_engine_side_merge_serves_what_the_learner_merges(worker, model_path, prompt_ids):
+    """sync.merge_on=engine: the worker folds the learner's LoRA factors into the base weights
+    itself; it must serve exactly what installing the learner's own merged model serves."""
+    import torch
+
+    from actors.learner import Learner
+    from rl.config import LearnerConfig
+
+    learner = Learner(model_path, LearnerConfig(lora_rank=8, lora_alpha=16, gradient_checkpointing=False),
+                      ModelConfig(), seed=0)
+    torch.manual_seed(0)
+    for name, p in learner.model.named_parameters():
+        if "lora_B" in name:
+            p.data = torch.randn_like(p) * 0.05
+    base = _scored(worker, prompt_ids)
+    worker.install_weights(learner.merged_weights())
+    learner_merged = _scored(worker, prompt_ids)
+    assert max(abs(a - b) for a, b in zip(base, learner_merged)) > 1e-3, "the LoRA factors changed nothing"
+    worker.reload_weights(model_path)
+    factors = learner.lora_factors()
+    assert len(factors) == 7 * learner.model.get_base_model().config.num_hidden_layers
+    worker.install_lora_merged(factors)
+    assert max(abs(a - b) for a, b in zip(learner_merged, _scored(worker, prompt_ids))) < 1e-4
+    with pytest.raises(KeyError, match="does not have"):
+        worker.install_lora_merged({"model.no_such.weight": next(iter(factors.values()))})
+    with pytest.raises(ValueError, match="no LoRA factors"):
+        worker.install_lora_merged({})
+    worker.reload_weights(model_path)
