@@ -154,21 +154,23 @@ class Trainer:
         stats = _episode_stats([e for g in sampled.train.values() for e in g])
         if self.cfg.trainer.rollout_ahead and step < self.cfg.trainer.steps:
             self._ahead[step + 1] = self._roll_ahead(step + 1)  # on the weights this step's rollouts had
+        # while a rollout runs ahead, no worker call: a rollout worker serves one call at a time
+        overlapped = step + 1 in self._ahead
         memory: dict = {}
-        if step + 1 not in self._ahead:  # the engine is idle: it may sleep while the learner trains
+        if not overlapped:  # the engine is idle: it may sleep while the learner trains
             memory["mem/awake_gib"] = self._device_memory()
             with timed("sleep", timings):
                 ray.get([w.sleep.remote() for w in self.workers])
             memory["mem/asleep_gib"] = self._device_memory()
         with timed("learn", timings):
             learn = self._learn(step, samples)
-        if step + 1 not in self._ahead:
+        if overlapped:
+            with timed("rollout_wait", timings):  # the engine must be idle before its weights change
+                self._ahead[step + 1].exception()
+        else:
             with timed("wake", timings):
                 ray.get([w.wake.remote() for w in self.workers])
             memory["mem/woken_gib"] = self._device_memory()
-        else:  # no worker call meanwhile: a rollout worker serves one call at a time, and one is rolling out
-            with timed("rollout_wait", timings):  # the engine must be idle before its weights change
-                self._ahead[step + 1].exception()
         with timed("sync", timings):
             if learn:
                 self.weight_sync.sync(self.learner, self.workers, step)

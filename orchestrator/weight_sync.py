@@ -74,11 +74,10 @@ class MergedWeightsSync(WeightSync):
         ray.get([w.reload_weights.remote(path) for w in workers])
 
 
-STRATEGIES = {cls.name: cls for cls in (LoraAdapterSync, MergedWeightsSync)}
-
-
 def make_weight_sync(strategy: str, run_dir: Path, transport: str = "object_store",
                      merge_on: str = "learner") -> WeightSync:
+    if strategy == "lora":
+        return LoraAdapterSync(run_dir, transport)
     if strategy == "merged":
         return MergedWeightsSync(run_dir, transport, merge_on)
-    return STRATEGIES[strategy](run_dir, transport)
+    raise ValueError(f"sync.strategy must be 'lora' or 'merged', got {strategy!r}")

@@ -134,8 +134,9 @@ class SyncConfig(Section):
                                     "directory, which every node must then see")
     merge_on: Literal["learner", "engine"] = Field(
         "learner", description="sync.strategy=merged: where LoRA is folded into the base weights. learner: the "
-                               "merged model travels to every engine; engine: only the LoRA factors travel and "
-                               "each engine merges them into a copy of the base weights it keeps in host memory")
+                               "merged model travels to every engine; engine: only the LoRA factors travel (through the "
+                               "object store, whatever sync.transport says) and each engine merges them into a "
+                               "copy of the base weights it keeps in host memory")
     parity_threshold: float = Field(0.05, gt=0, description="max mean |learner - served| log-prob gap")
     parity_text: str = "The quick brown fox jumps over the lazy dog. def add(a, b): return a + b"
 
