@@ -101,6 +101,7 @@ class Trainer:
         self.metrics = MetricsLog(self.run_dir, self.cfg.trainer.steps)
         self.tracker = Tracker(self.cfg.logging, self.run_dir)
         if found is None:
+            self.metrics.truncate_after(0)  # records of a run killed before its first checkpoint
             dump_config(self.cfg, self.run_dir / "config.yaml")
             self._probe("at start (base policy)")
             return 1

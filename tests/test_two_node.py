@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.checkpoint import latest_checkpoint
 from orchestrator.metrics import read_metrics
 from rl.config import load_config
 from tests.two_node import REPO, TwoNodeCluster, can_make_namespaces, entrypoint, readme_commands
@@ -61,10 +62,12 @@ def check_run(run_dir: Path, cluster: TwoNodeCluster, steps: int, synced: bool =
 
 
 def kill_mid_step_and_resume(cluster: TwoNodeCluster, entry: list[str], run_dir: Path, timeout: float) -> dict:
-    """Run until step 1 is recorded (step 2 under way), stop the job, resume it with the
-    README's resume command; returns the two jobs' wall times and the resume line."""
+    """Run until step 1 is checkpointed (step 2 under way), stop the job, resume it with the
+    README's resume command; returns the two jobs' wall times and the resume line. (The step's
+    metrics record is written just before its checkpoint: stopping on the record alone could
+    land before any checkpoint exists, and the "resume" would start over.)"""
     job, status, first_s = run_job(cluster, entry, timeout,
-                                   until=lambda: any(m["step"] == 1 for m in read_metrics(run_dir)))
+                                   until=lambda: (latest_checkpoint(run_dir) or (0,))[0] >= 1)
     assert status == "RUNNING", cluster.logs(job)[-4000:]
     cluster.stop(job)
     assert [m["step"] for m in read_metrics(run_dir)] == [1]
