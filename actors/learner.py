@@ -35,6 +35,7 @@ from rl.learner_memory import (
     tile_mlps,
 )
 from rl.packing import micro_batches, pack, packed_micro_batches, packed_rows
+from rl.sft import cpu_has_bf16
 from rl.types import TrainSample
 
 ADAPTER_NAME = "default"
@@ -175,6 +176,12 @@ class Learner:
             if any(m not in (0, 1) for m in s.loss_mask):
                 raise ValueError(f"sample {i}: loss_mask must hold only 0/1")
 
+    def _autocast(self):
+        """learner.cpu_bf16: bf16 matmuls on a CPU that has them (fp32 weights, grads and optimizer)."""
+        if self.device.type == "cpu" and self.cfg.cpu_bf16 and cpu_has_bf16():
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         if self.world_size > 1:
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
@@ -212,7 +219,7 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=False)
         # fp64 sums: weighted loss, clipped tokens, ratio, kl, IS weight, IS-capped tokens
         stats = torch.zeros(6, dtype=torch.float64, device=self.device)
-        with linear_attention_segments(cfg.linear_attn_segment_tokens):
+        with linear_attention_segments(cfg.linear_attn_segment_tokens), self._autocast():
             if cfg.pack_samples:
                 for batch in packed_micro_batches(trained, cfg.micro_batch_tokens):
                     stats += self._packed_micro_step(batch, [weights[id(s)] for s in batch])

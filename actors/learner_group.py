@@ -77,7 +77,10 @@ class LearnerGroup:
         ray.get([a.load_state_files.remote(files) for a in self.actors])
 
     def sequence_logprobs(self, token_ids: list[int]) -> list[float]:
-        return ray.get(self.actors[0].sequence_logprobs.remote(token_ids))
+        return ray.get(self.sequence_logprobs_ref(token_ids))
+
+    def sequence_logprobs_ref(self, token_ids: list[int]) -> ray.ObjectRef:
+        return self.actors[0].sequence_logprobs.remote(token_ids)
 
     def save_adapter(self, path: str) -> str:
         return ray.get(self.actors[0].save_adapter.remote(path))

@@ -1,19 +1,22 @@
 """The main job's rollout phase, before vs after, side by side in one run: generated tokens
 per rollout wall-second and the time budget by part.
 
-One RolloutWorker, one env actor, the same groups (the step cursor's tasks) for both sides;
-the sides alternate within every round so background load hits both alike, and each run
-starts from a cold prefix cache. The sides differ only in `rollout.guided_logprobs`:
+Each side has its own RolloutWorker (built from its own config) and env actor; both roll out
+the same groups (the step cursor's tasks); the sides alternate within every round so
+background load hits both alike, and each run starts from a cold prefix cache.
 
-    before: rescore  (each guided call's log-probs from a second, uncached prompt-log-prob pass)
-    after:  learner  (no second pass; the learner's own log-probs stand in for those tokens)
+    before: the main job as it was: fp32 serving, and each guided call's log-probs from a
+            second, uncached prompt-log-prob pass (--before overrides; default
+            `rollout.dtype=float32 rollout.guided_logprobs=rescore`)
+    after:  the config as it is (--after overrides: none by default)
 
-Also measured: the worker's start-up, the served policy's parity gap to a learner on the
-run's probe text (pass `rollout.dtype=bfloat16` to measure bf16 serving), and how far the
-log-probs each side's episodes recorded are from the learner's on the same tokens.
+Also measured: each worker's start-up, each served policy's parity gap to a learner on the
+run's probe text, and how far the log-probs each side's episodes recorded are from the
+learner's on the same tokens.
 
     python bench/agentic_step.py [--config configs/default.yaml] [--rounds 2] [--groups 1]
-                                 [--json out.json] [dotted.override=value ...]
+                                 [--before "k=v ..."] [--after "k=v ..."] [--json out.json]
+                                 [dotted.override=value ...]
 """
 from __future__ import annotations
 
@@ -31,23 +34,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import ray  # noqa: E402
 
-SIDES = {"before": "rescore", "after": "learner"}  # rollout.guided_logprobs of each side
+BEFORE = "rollout.dtype=float32 rollout.guided_logprobs=rescore"
 
 
-def _set_mode(worker, mode: str) -> None:
-    """Switch how guided calls get their log-probs, and start from a cold prefix cache."""
-    def apply(w):
-        w.cfg.guided_logprobs = mode
-        if w._server is not None:  # the policy server holds its own copy of the rollout config
-            w._server.cfg.guided_logprobs = mode
-        w.loop.call(lambda engine: engine.reset_prefix_cache())
-    ray.get(worker.__ray_call__.remote(apply))
+def _cold(worker) -> None:
+    """Start a run from a cold prefix cache."""
+    ray.get(worker.__ray_call__.remote(lambda w: w.loop.call(lambda engine: engine.reset_prefix_cache())))
 
 
 def roll_out(rollouts, worker, side: str, round_no: int, groups: int, seed: int) -> tuple[dict, list]:
     from orchestrator.metrics import step_time_budget
     from orchestrator.rollouts.base import GroupSpec, step_group_specs
-    _set_mode(worker, SIDES[side])
+    _cold(worker)
     # the same tasks for both sides; ids prefixed by the side, so the trace tells them apart
     specs = [GroupSpec(f"{side}-{s.group_id}", s.index)
              for s in step_group_specs(round_no, groups, seed, [t.id for t in rollouts.train_tasks])]
@@ -60,7 +58,9 @@ def roll_out(rollouts, worker, side: str, round_no: int, groups: int, seed: int)
     row = {"side": side, "round": round_no, "rollout_s": wall, "gen_tokens": tokens,
            "gen_tokens_per_s": tokens / wall, "episodes": len(records),
            "calls": sum(r.calls or 0 for r in records), "reward_mean": sum(r.reward for r in records) / len(records),
-           "errors": sum(r.stop_reason == "error" for r in records), **step_time_budget(records, wall, {})}
+           "errors": sum(r.stop_reason == "error" for r in records),
+           "prompt_tokens": sum(r.prompt_tokens or 0 for r in records),
+           "cached_tokens": sum(r.cached_tokens or 0 for r in records), **step_time_budget(records, wall, {})}
     return row, episodes
 
 
@@ -88,6 +88,8 @@ def summarize(rows: list[dict]) -> dict:
     parts = {k: sum(r.get(k, 0.0) for r in rows) for r in rows for k in r if k.startswith("time/")}
     return {"rollout_s": wall, "gen_tokens": tokens, "gen_tokens_per_s": tokens / wall,
             "episodes": sum(r["episodes"] for r in rows), "calls": sum(r["calls"] for r in rows),
+            "prefix_cache_hit_rate": sum(r["cached_tokens"] for r in rows) / max(sum(r["prompt_tokens"] for r in rows), 1),
+            "in_flight": sum(r.get("rollout/episodes_in_flight", 0.0) * r["rollout_s"] for r in rows) / wall,
             "time_share": {k[5:-2]: v / wall for k, v in parts.items()}}
 
 
@@ -97,6 +99,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--groups", type=int, default=None, help="groups per round (default: trainer.batch_size)")
     ap.add_argument("overrides", nargs="*", help="dotted config overrides for both sides")
+    ap.add_argument("--before", default=BEFORE, help="overrides of the before side (space-separated)")
+    ap.add_argument("--after", default="", help="overrides of the after side (space-separated)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
 
@@ -107,21 +111,28 @@ def main() -> None:
     from rl.config import load_config
     from rl.default_model import resolve_model_path
 
-    cfg = load_config(args.config, args.overrides)
+    sides = {"before": args.before.split(), "after": args.after.split()}
+    cfgs = {side: load_config(args.config, [*args.overrides, *extra]) for side, extra in sides.items()}
+    base_uid = cfgs["before"].env.sandbox_uid_base  # each side's env actor gets its own sandbox users
+    cfgs["before"].env.sandbox_uid_base = base_uid + cfgs["before"].env.pool_size * cfgs["before"].env.num_env_actors
+    cfg = cfgs["after"]
     groups = args.groups or cfg.trainer.batch_size
     model_path = resolve_model_path(cfg.model.path)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    t0 = time.perf_counter()
-    [worker] = spawn_rollout_workers(cfg, model_path, count=1)
-    ray.get(worker.chat_template_info.remote())
-    startup = time.perf_counter() - t0
-    rollouts = AgenticRollouts(cfg, Path(tempfile.mkdtemp(prefix="bench-agentic-")), [worker], None)
-    rows: dict[str, list[dict]] = {side: [] for side in SIDES}
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    workers, rollouts, startup = {}, {}, {}
+    for side, side_cfg in cfgs.items():
+        t0 = time.perf_counter()
+        [workers[side]] = spawn_rollout_workers(side_cfg, model_path, count=1)
+        ray.get(workers[side].chat_template_info.remote())
+        startup[side] = time.perf_counter() - t0
+        rollouts[side] = AgenticRollouts(side_cfg, Path(tempfile.mkdtemp(prefix=f"bench-agentic-{side}-")),
+                                         [workers[side]], None)
+    rows: dict[str, list[dict]] = {side: [] for side in sides}
     last: dict[str, list] = {}
     for r in range(1, args.rounds + 1):
-        for side in (list(SIDES) if r % 2 else list(SIDES)[::-1]):
-            row, last[side] = roll_out(rollouts, worker, side, r, groups, cfg.trainer.seed)
+        for side in (list(sides) if r % 2 else list(sides)[::-1]):
+            row, last[side] = roll_out(rollouts[side], workers[side], side, r, groups, cfg.trainer.seed)
             rows[side].append(row)
             print(f"round {r} {side:>6}: {row['gen_tokens']} tokens in {row['rollout_s']:.1f}s "
                   f"= {row['gen_tokens_per_s']:.2f} tok/s ({row['calls']} calls, {row['errors']} errors)", flush=True)
@@ -131,24 +142,30 @@ def main() -> None:
     from transformers import AutoTokenizer
     learner = Learner(model_path, cfg.learner, cfg.model, seed=0)
     parity_ids = AutoTokenizer.from_pretrained(model_path)(cfg.sync.parity_text)["input_ids"]
-    mean_gap, max_gap = parity_gap(learner.sequence_logprobs(parity_ids),
-                                   ray.get(worker.prompt_logprobs.remote(parity_ids)))
-    results = {side: {**summarize(rows[side]), "recorded_vs_learner": recorded_vs_learner(learner, last[side])}
-               for side in SIDES}
+    learner_lp = learner.sequence_logprobs(parity_ids)
+    results = {}
+    for side in sides:
+        mean_gap, max_gap = parity_gap(learner_lp, ray.get(workers[side].prompt_logprobs.remote(parity_ids)))
+        results[side] = {**summarize(rows[side]), "overrides": sides[side], "startup_s": startup[side],
+                         "served_dtype": cfgs[side].rollout.dtype, "parity_gap": mean_gap, "parity_gap_max": max_gap,
+                         "recorded_vs_learner": recorded_vs_learner(learner, last[side])}
     b, a = results["before"], results["after"]
     ratio = a["gen_tokens_per_s"] / b["gen_tokens_per_s"]
 
     print(f"\n{args.config} {' '.join(args.overrides)}: {args.rounds} rounds x {groups} group(s) x "
           f"{cfg.trainer.group_size} episodes per side ({platform.node()}, {os.cpu_count()} cpus, "
-          f"load {os.getloadavg()[0]:.1f}); worker start-up {startup:.1f}s; served dtype "
-          f"{cfg.rollout.dtype}/{cfg.model.dtype}: parity gap to the learner {mean_gap:.4f} (max {max_gap:.4f}, "
-          f"threshold {cfg.sync.parity_threshold})")
+          f"load {os.getloadavg()[0]:.1f}); before: {' '.join(sides['before']) or '(config)'}; "
+          f"after: {' '.join(sides['after']) or '(config)'}")
     print(f"{'':>22} | {'before':>10} | {'after':>10}")
     print("-" * 48)
     for key, fmt in (("gen_tokens", "{:.0f}"), ("rollout_s", "{:.1f}"), ("gen_tokens_per_s", "{:.2f}"),
-                     ("calls", "{:.0f}")):
+                     ("calls", "{:.0f}"), ("prefix_cache_hit_rate", "{:.2f}"), ("in_flight", "{:.1f}"),
+                     ("startup_s", "{:.1f}"), ("parity_gap", "{:.4f}"),
+                     ("parity_gap_max", "{:.4f}")):
         print(f"{key:>22} | {fmt.format(b[key]):>10} | {fmt.format(a[key]):>10}")
-    for side in SIDES:
+    print(f"(parity threshold {cfg.sync.parity_threshold}; served dtype before {b['served_dtype']}, "
+          f"after {a['served_dtype']})")
+    for side in sides:
         rv = results[side]["recorded_vs_learner"]
         print(f"recorded vs learner, {side}: mean {rv['mean_abs_gap']:.4f} max {rv['max_abs_gap']:.4f} "
               f"over {rv['tokens']} tokens ({rv['left_to_learner']} left to the learner)")
@@ -157,8 +174,8 @@ def main() -> None:
         print(f"{part:>22} | {100 * b['time_share'].get(part, 0):>9.1f}% | {100 * a['time_share'].get(part, 0):>9.1f}%")
     print(f"\nafter/before gen tokens per rollout-second: {ratio:.2f}x")
     if args.json:
-        _write(args.json, {"args": vars(args), "ratio": ratio, "startup_s": startup, "parity_gap": mean_gap,
-                           "parity_gap_max": max_gap, "load_avg": os.getloadavg(), "sides": results, "rows": rows})
+        _write(args.json, {"args": vars(args), "ratio": ratio, "load_avg": os.getloadavg(), "sides": results,
+                           "rows": rows})
     ray.shutdown()
 
 

@@ -10,12 +10,15 @@ first. Sides:
   ours        `rlvr train configs/length.yaml` with the matching overrides (synchronous)
   ours-ahead  the same with trainer.rollout_ahead=true: the engine rolls out step k+1 while
               the learner trains step k, so the step uses both cores
-  trl         GRPOTrainer (HF generate) on the same prompts and reward, one thread
+  trl         GRPOTrainer (HF generate) on the same prompts and reward, one thread, fp32
   trl-2t      the same with two threads: the two cores ours-ahead uses
+  ours-bf16   ours-ahead with bf16 matmuls on both sides of the loop: learner.cpu_bf16 (autocast,
+              fp32 weights) and bf16 serving (parity threshold 0.1, truncated IS weights, cap 2)
+  trl-bf16    trl with bf16=True, TRL's own default (autocast on CPU)
 Each step's mean completion length is kept too: the reward shortens completions, and a side
 whose completions shrink faster does less work per step.
 
-    python bench/trl_grpo.py [--steps 4] [--rounds 2] [--sides ours,ours-ahead,trl,trl-2t] [--json out.json]
+    python bench/trl_grpo.py [--steps 4] [--rounds 2] [--sides ours,ours-ahead,trl,trl-2t,...] [--json out.json]
 """
 from __future__ import annotations
 
@@ -61,10 +64,15 @@ def run_ours(steps: int, extra: tuple[str, ...] = ()) -> dict:
             "phases": [{k: round(r[k], 2) for k in PHASES if k in r} for r in recs]}
 
 
-def run_trl(steps: int, threads: int = 1) -> dict:
+BF16 = ("trainer.rollout_ahead=true", "learner.cpu_bf16=true", "rollout.dtype=bfloat16", "sync.parity_threshold=0.1",
+        "learner.tis_cap=2.0")
+
+
+def run_trl(steps: int, threads: int = 1, bf16: bool = False) -> dict:
     out = Path(tempfile.mkdtemp(prefix="bench-trl-")) / "times.json"
     launch = time.time()
-    subprocess.run([sys.executable, __file__, "--trl-child", str(out), "--steps", str(steps), "--threads", str(threads)],
+    subprocess.run([sys.executable, __file__, "--trl-child", str(out), "--steps", str(steps), "--threads", str(threads),
+                    *(["--bf16"] if bf16 else [])],
                    cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
                    env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads)})
     t = json.loads(out.read_text())
@@ -76,10 +84,11 @@ def run_trl(steps: int, threads: int = 1) -> dict:
 
 
 SIDES = {"ours": lambda steps: run_ours(steps), "ours-ahead": lambda steps: run_ours(steps, ("trainer.rollout_ahead=true",)),
-         "trl": lambda steps: run_trl(steps, 1), "trl-2t": lambda steps: run_trl(steps, 2)}
+         "trl": lambda steps: run_trl(steps, 1), "trl-2t": lambda steps: run_trl(steps, 2),
+         "ours-bf16": lambda steps: run_ours(steps, BF16), "trl-bf16": lambda steps: run_trl(steps, 1, bf16=True)}
 
 
-def trl_child(out: str, steps: int, threads: int) -> None:
+def trl_child(out: str, steps: int, threads: int, bf16: bool) -> None:
     """TRL's GRPOTrainer on the same job; writes step begin/end wall times (and the time each
     step spent generating) to `out`."""
     import torch
@@ -114,7 +123,7 @@ def trl_child(out: str, steps: int, threads: int) -> None:
     args = GRPOConfig(output_dir=str(Path(out).parent / "trl"), per_device_train_batch_size=GROUP,
                       num_generations=GROUP, max_completion_length=MAX_TOKENS, max_steps=steps, learning_rate=LR,
                       temperature=1.0, beta=0.0, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
-                      bf16=False, gradient_checkpointing=False, dataloader_num_workers=0, seed=0)
+                      bf16=bf16, gradient_checkpointing=False, dataloader_num_workers=0, seed=0)
     lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=LearnerConfig().lora_target_modules,
                       task_type="CAUSAL_LM")
     trainer = GRPOTrainer(model=resolve_model_path("default"), reward_funcs=shorter, args=args,
@@ -141,9 +150,10 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--trl-child", help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--bf16", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.trl_child:
-        trl_child(args.trl_child, args.steps, args.threads)
+        trl_child(args.trl_child, args.steps, args.threads, args.bf16)
         return
     sides = args.sides.split(",")
     unknown = [s for s in sides if s not in SIDES]

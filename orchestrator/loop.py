@@ -8,6 +8,9 @@ advantages -> one learner update -> weight sync -> parity probe.
 With `trainer.rollout_ahead` the next step's rollouts run in a thread while the learner
 trains (one step off-policy, as verl's and prime-rl's one-step-async modes); the loop waits
 for them before the sync, so the engine's weights never change under a running episode.
+The sync and its parity probe are then only issued (`IssuedSync`): the engines apply them
+while the learner trains the next step, and the rollout after that waits for them before its
+first request. A step's record then carries the probe of the previous step's sync.
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ from orchestrator.rollouts.length import LengthRollouts
 from orchestrator.sampling import StepGroups, collect_step
 from orchestrator.storage import RunStorage
 from orchestrator.tracker import Tracker
-from orchestrator.weight_sync import WeightSync, make_weight_sync
+from orchestrator.weight_sync import IssuedSync, WeightSync, make_weight_sync
 from rl.config import RunConfig, dump_config
 from rl.default_model import resolve_model_path
 from rl.grpo import group_advantages
@@ -57,6 +60,8 @@ class Trainer:
         self.store = EpisodeStore(self.run_dir)
         self.console = Console(cfg.trainer.steps, cfg.logging.progress)
         self._ahead: dict[int, Future] = {}  # step -> its rollouts, started while the previous step learned
+        self._issued: IssuedSync | None = None  # the last overlapped step's sync, applied while the next one learns
+        self._last_probe: tuple[float, float] = (0.0, 0.0)  # the latest completed parity probe (mean, max)
 
     # ---- set-up ------------------------------------------------------------------
     def _start(self) -> None:
@@ -103,7 +108,7 @@ class Trainer:
         if found is None:
             self.metrics.truncate_after(0)  # records of a run killed before its first checkpoint
             dump_config(self.cfg, self.run_dir / "config.yaml")
-            self._probe("at start (base policy)")
+            self._last_probe = self._probe("at start (base policy)")
             return 1
         step, ckpt = found
         state = load_trainer_state(ckpt)
@@ -113,7 +118,7 @@ class Trainer:
         self.store.drop_after(step)
         print(f"[rlvr] resumed from {ckpt} (step {step}); continuing at step {step + 1}", flush=True)
         self.weight_sync.sync(self.learner, self.workers, step)
-        self._probe(f"after resume sync at step {step}")
+        self._last_probe = self._probe(f"after resume sync at step {step}")
         return step + 1
 
     def _probe(self, when: str) -> tuple[float, float]:
@@ -154,29 +159,37 @@ class Trainer:
         samples = self._to_samples([e for g in sampled.kept for e in sampled.train[g]])
         stats = _episode_stats([e for g in sampled.train.values() for e in g])
         if self.cfg.trainer.rollout_ahead and step < self.cfg.trainer.steps:
-            self._ahead[step + 1] = self._roll_ahead(step + 1)  # on the weights this step's rollouts had
+            # on the weights of the previous step's sync, which the thread waits for first
+            self._ahead[step + 1] = self._roll_ahead(step + 1, self._issued)
         # while a rollout runs ahead, no worker call: a rollout worker serves one call at a time
         overlapped = step + 1 in self._ahead
         memory: dict = {}
-        if not overlapped:  # the engine is idle: it may sleep while the learner trains
+        if not overlapped:  # the engine is idle (once an issued sync lands): it may sleep while the learner trains
+            self._settle_issued(timings)
             memory["mem/awake_gib"] = self._device_memory()
             with timed("sleep", timings):
                 ray.get([w.sleep.remote() for w in self.workers])
             memory["mem/asleep_gib"] = self._device_memory()
         with timed("learn", timings):
             learn = self._learn(step, samples)
+        when = f"after {'sync' if learn else 'wake'} at step {step}"
         if overlapped:
             with timed("rollout_wait", timings):  # the engine must be idle before its weights change
                 self._ahead[step + 1].exception()
+            self._settle_issued(timings)  # the thread waited for it: this only reads its probe
+            with timed("sync", timings):  # issued; the engines apply it while the next step learns
+                self._issued = IssuedSync(self.weight_sync if learn else None, self.learner, self.workers, step,
+                                          self.parity_ids, self.cfg.sync.parity_threshold, when)
         else:
             with timed("wake", timings):
                 ray.get([w.wake.remote() for w in self.workers])
             memory["mem/woken_gib"] = self._device_memory()
-        with timed("sync", timings):
-            if learn:
-                self.weight_sync.sync(self.learner, self.workers, step)
-        with timed("probe", timings):
-            gap, gap_max = self._probe(f"after {'sync' if learn else 'wake'} at step {step}")
+            with timed("sync", timings):
+                if learn:
+                    self.weight_sync.sync(self.learner, self.workers, step)
+            with timed("probe", timings):
+                self._last_probe = self._probe(when)
+        gap, gap_max = self._last_probe
         fresh = [e.record for gid, g in sampled.groups.items() if gid not in sampled.reused for e in g]
         gen_tokens = sum(r.tokens for r in fresh)
         return {**stats, **sampled.metrics(), **{f"learner/{k}": v for k, v in learn.items()},
@@ -188,14 +201,25 @@ class Trainer:
                 **{k: v for k, v in memory.items() if v is not None},
                 "parity_gap": gap, "parity_gap_max": gap_max, "train_samples": len(samples), "nodes": self.nodes}
 
-    def _roll_ahead(self, step: int) -> Future:
-        """The step's rollouts in a daemon thread: (StepGroups, wall seconds). A failure surfaces
-        when the step takes them; a run that dies meanwhile does not wait for the thread."""
+    def _settle_issued(self, timings: dict[str, float]) -> None:
+        """Wait for the sync issued last step (if any) and keep its probe; raises ParityError."""
+        if self._issued is not None:
+            gap, gap_max, waited = self._issued.wait()
+            self._last_probe = (gap, gap_max)
+            timings["time_sync_hidden_s"] = waited  # the engines' part of that sync, beside this step's update
+            self._issued = None
+
+    def _roll_ahead(self, step: int, issued: IssuedSync | None) -> Future:
+        """The step's rollouts in a daemon thread, after the issued sync (if any) has landed:
+        (StepGroups, wall seconds). A failure surfaces when the step takes them; a run that dies
+        meanwhile does not wait for the thread."""
         future: Future = Future()
 
         def work() -> None:
-            t0 = time.time()
             try:
+                if issued is not None:
+                    issued.wait()
+                t0 = time.time()
                 future.set_result((self._collect(step), time.time() - t0))
             except BaseException as e:  # handed to the step that takes the result
                 future.set_exception(e)

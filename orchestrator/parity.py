@@ -18,11 +18,21 @@ def parity_gap(learner_lp: list[float], served_lp: list[float]) -> tuple[float, 
     return sum(diffs) / len(diffs), max(diffs)
 
 
+def start_parity_probe(learner, workers: list, token_ids: list[int]) -> tuple[ray.ObjectRef, list[ray.ObjectRef]]:
+    """Ask the learner and every worker to score token_ids; each answers after its earlier calls."""
+    return learner.sequence_logprobs_ref(token_ids), [w.prompt_logprobs.remote(token_ids) for w in workers]
+
+
 def run_parity_probe(learner, workers: list, token_ids: list[int], threshold: float,
                      when: str) -> tuple[float, float]:
     """The worst worker's (mean, max) |Δ log-prob|; raises ParityError past the threshold (on the mean)."""
-    served = [w.prompt_logprobs.remote(token_ids) for w in workers]
-    learner_lp = learner.sequence_logprobs(token_ids)
+    return finish_parity_probe(start_parity_probe(learner, workers, token_ids), threshold, when)
+
+
+def finish_parity_probe(probe: tuple[ray.ObjectRef, list[ray.ObjectRef]], threshold: float,
+                        when: str) -> tuple[float, float]:
+    learner_ref, served = probe
+    learner_lp = ray.get(learner_ref)
     worst, worst_max = 0.0, 0.0
     for i, served_lp in enumerate(ray.get(served)):
         mean_gap, max_gap = parity_gap(learner_lp, served_lp)

@@ -7,14 +7,20 @@
 - shared_dir: the learner writes the adapter or merged model under the run directory and
   the workers load that path; every node must then mount the run directory.
 
-The parity probe after each sync (orchestrator.parity) guards both.
+The parity probe after each sync (orchestrator.parity) guards both. `start` issues a sync
+without waiting (each actor runs its calls in the order the driver made them), so an overlapped
+loop can let the engines apply it while the learner trains the next step (`IssuedSync`).
 """
 from __future__ import annotations
 
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import ray
+
+from orchestrator.parity import finish_parity_probe, start_parity_probe
 
 TRANSPORTS = ("object_store", "shared_dir")
 
@@ -28,8 +34,12 @@ class WeightSync:
         self.run_dir = Path(run_dir)
         self.transport = transport
 
-    def sync(self, learner, workers: list, step: int) -> None:
+    def start(self, learner, workers: list, step: int) -> list[ray.ObjectRef]:
+        """Issue the sync; the returned refs resolve once every worker serves the new weights."""
         raise NotImplementedError
+
+    def sync(self, learner, workers: list, step: int) -> None:
+        ray.get(self.start(learner, workers, step))
 
 
 class LoraAdapterSync(WeightSync):
@@ -37,16 +47,15 @@ class LoraAdapterSync(WeightSync):
     adapter cache can never keep serving the previous one."""
     name = "lora"
 
-    def sync(self, learner, workers: list, step: int) -> None:
+    def start(self, learner, workers: list, step: int) -> list[ray.ObjectRef]:
         if self.transport == "object_store":
             files = learner.adapter_files_ref()
-            ray.get([w.install_lora.remote(files) for w in workers])
-            return
+            return [w.install_lora.remote(files) for w in workers]
         root = self.run_dir / "adapters"
-        path = learner.save_adapter(str(root / f"step_{step:06d}"))
-        ray.get([w.load_lora_adapter.remote(path) for w in workers])
-        for old in sorted(root.glob("step_*"))[:-1]:
+        for old in sorted(root.glob("step_*")):  # loaded by the previous sync, which has completed
             shutil.rmtree(old)
+        path = learner.save_adapter(str(root / f"step_{step:06d}"))
+        return [w.load_lora_adapter.remote(path) for w in workers]
 
 
 class MergedWeightsSync(WeightSync):
@@ -61,17 +70,15 @@ class MergedWeightsSync(WeightSync):
             raise ValueError(f"sync.merge_on must be 'learner' or 'engine', got {merge_on!r}")
         self.merge_on = merge_on
 
-    def sync(self, learner, workers: list, step: int) -> None:
+    def start(self, learner, workers: list, step: int) -> list[ray.ObjectRef]:
         if self.merge_on == "engine":  # the factors are small: the object store serves any node
             factors = learner.lora_factors_ref()
-            ray.get([w.install_lora_merged.remote(factors) for w in workers])
-            return
+            return [w.install_lora_merged.remote(factors) for w in workers]
         if self.transport == "object_store":
             tensors = learner.merged_weights_ref()
-            ray.get([w.install_weights.remote(tensors) for w in workers])
-            return
+            return [w.install_weights.remote(tensors) for w in workers]
         path = learner.save_merged(str(self.run_dir / "merged_weights"))
-        ray.get([w.reload_weights.remote(path) for w in workers])
+        return [w.reload_weights.remote(path) for w in workers]
 
 
 def make_weight_sync(strategy: str, run_dir: Path, transport: str = "object_store",
@@ -81,3 +88,28 @@ def make_weight_sync(strategy: str, run_dir: Path, transport: str = "object_stor
     if strategy == "merged":
         return MergedWeightsSync(run_dir, transport, merge_on)
     raise ValueError(f"sync.strategy must be 'lora' or 'merged', got {strategy!r}")
+
+
+class IssuedSync:
+    """A sync and the parity probe after it, issued without waiting. The learner computes the
+    factors and its probe log-probs before its next update (its calls run in order), the engines
+    install and answer while that update runs; the next rollout calls `wait` before its first
+    request. `wait` is idempotent and thread-safe: the rollout thread and the loop both call it."""
+
+    def __init__(self, weight_sync: WeightSync | None, learner, workers: list, step: int, parity_ids: list[int],
+                 threshold: float, when: str):
+        self._refs = weight_sync.start(learner, workers, step) if weight_sync else []
+        self._probe = start_parity_probe(learner, workers, parity_ids)
+        self._threshold, self._when = threshold, when
+        self._lock = threading.Lock()
+        self._result: tuple[float, float, float] | None = None
+
+    def wait(self) -> tuple[float, float, float]:
+        """(mean gap, max gap, seconds waited); raises ParityError as the synchronous probe does."""
+        with self._lock:
+            if self._result is None:
+                t0 = time.time()
+                ray.get(self._refs)
+                gap, gap_max = finish_parity_probe(self._probe, self._threshold, self._when)
+                self._result = (gap, gap_max, time.time() - t0)
+            return self._result

@@ -117,6 +117,8 @@ class LearnerConfig(Section):
     pack_samples: bool = Field(False, description="concatenate a micro-batch's samples into one row (no padding), "
                                                   "boundaries kept by position ids and cu_seqlens")
     torch_threads: int = Field(1, ge=1)
+    cpu_bf16: bool = Field(False, description="on CPUs with AMX/AVX512-BF16, the update's forward/backward under "
+                           "bf16 autocast (fp32 weights and optimizer; the parity probe stays fp32)")
 
     @model_validator(mode="after")
     def _offload_needs_checkpointing(self) -> "LearnerConfig":

@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parent.parent
 TASKS = REPO / "configs" / "tasks" / "toolz.jsonl"
 # The shared worker's settings; guided calls re-scored on the engine, so the recorded
 # log-probs are the served policy's and the parity test below compares two real computations.
-SERVED = ["rollout.max_tokens=96", "rollout.tool_choice=required", "rollout.guided_logprobs=rescore"]
+SERVED = ["rollout.max_tokens=96", "rollout.tool_choice=required", "rollout.guided_logprobs=rescore",
+          "rollout.dtype=float32"]  # the learner's dtype: recorded and learner log-probs then agree exactly
 EPISODE_FIELDS = {f.name for f in fields(EpisodeRecord)}
 ALWAYS_SET = EPISODE_FIELDS - {"error", "reward_error", "events"}
 

@@ -8,6 +8,7 @@ import torch
 from actors.learner import Learner
 from rl.config import LearnerConfig, ModelConfig
 from rl.packing import micro_batches
+from rl.sft import cpu_has_bf16
 from rl.types import TrainSample
 from tests.model_fixtures import VOCAB, qwen35
 
@@ -147,6 +148,25 @@ def test_memory_options_do_not_change_the_step(tiny_model_path):
     mp, msv = plain.train_step(samples), saver.train_step(samples)
     assert mp["grad_norm"] == pytest.approx(msv["grad_norm"], rel=1e-4)
     assert_same_gradients(plain, saver, mp["tokens"])
+
+
+@pytest.mark.skipif(not cpu_has_bf16(), reason="this CPU has neither AMX nor AVX512-BF16")
+def test_cpu_bf16_autocast_takes_the_same_step_and_keeps_the_probe_fp32(tiny_model_path):
+    """learner.cpu_bf16: the update's matmuls run in bf16, so its loss and gradient differ from fp32
+    only by bf16 rounding; the weights stay fp32 and the parity probe's log-probs are fp32 ones."""
+    samples = make_samples(4)
+    fp32 = Learner(tiny_model_path, make_cfg(), ModelConfig(), seed=0)
+    bf16 = Learner(tiny_model_path, make_cfg(cpu_bf16=True), ModelConfig(), seed=0)
+    probe = samples[0].token_ids
+    assert bf16.sequence_logprobs(probe) == fp32.sequence_logprobs(probe)
+    m32, m16 = fp32.train_step(samples), bf16.train_step(samples)
+    assert m16["loss"] == pytest.approx(m32["loss"], rel=0.05, abs=1e-3)
+    assert m16["grad_norm"] == pytest.approx(m32["grad_norm"], rel=0.05)
+    assert m16["grad_norm"] != m32["grad_norm"]  # the autocast really ran
+    assert all(p.dtype == torch.float32 for p in bf16.params)
+    g32 = torch.cat([p.grad.reshape(-1) for p in fp32.params])
+    g16 = torch.cat([p.grad.reshape(-1) for p in bf16.params])
+    assert torch.nn.functional.cosine_similarity(g32, g16, dim=0) > 0.99
 
 
 def test_training_moves_logprobs_in_the_advantage_direction(tiny_model_path):

@@ -53,6 +53,9 @@ def test_rollout_ahead_still_learns_one_step_off_policy(tmp_path, model_path, fr
     print("reward_mean per step:", [round(r, 3) for r in rewards])
     assert [m["policy_lag"] for m in metrics] == [0, 1, 1, 1, 1, 1]
     assert all("time_rollout_wait_s" in m for m in metrics[1:])
+    # steps 1..5 only issue their sync; the engines apply it beside the next update
+    assert all("time_probe_s" not in m for m in metrics[:-1]) and "time_probe_s" in metrics[-1]
+    assert all("time_sync_hidden_s" in m for m in metrics[1:])
     assert statistics.fmean(rewards[-2:]) > statistics.fmean(rewards[:2]) + 0.15, rewards
     assert all(m["parity_gap"] < cfg.sync.parity_threshold for m in metrics)
 
@@ -60,16 +63,21 @@ def test_rollout_ahead_still_learns_one_step_off_policy(tmp_path, model_path, fr
 class SkippedSync(WeightSync):
     """The classic silent failure: the learner trains, the served policy never changes."""
 
-    def sync(self, learner, workers, step):
-        pass
+    def start(self, learner, workers, step):
+        return []
 
 
-def test_parity_probe_catches_a_skipped_sync(tmp_path, model_path, fresh_ray):
+@pytest.mark.parametrize("ahead", [False, True], ids=["in-line", "rollout-ahead"])
+def test_parity_probe_catches_a_skipped_sync(tmp_path, model_path, fresh_ray, ahead):
+    """In line, the probe right after the sync fails; with rollout_ahead the sync and probe are
+    only issued, and the failure surfaces before the next step's engine work, naming the same sync."""
     from orchestrator.loop import Trainer
     run_dir = tmp_path / "run"
-    cfg = load_config(LENGTH_CFG, [f"trainer.run_dir={run_dir}", "trainer.steps=2", "learner.lr=0.02"])
+    cfg = load_config(LENGTH_CFG, [f"trainer.run_dir={run_dir}", "trainer.steps=2", "learner.lr=0.02",
+                                   f"trainer.rollout_ahead={str(ahead).lower()}"])
     with pytest.raises(ParityError, match="after sync at step 1"):
         Trainer(cfg, weight_sync=SkippedSync(run_dir)).run()
+    assert [m["step"] for m in read_metrics(run_dir)] == ([1] if ahead else [])
 
 
 def _wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float) -> None:
