@@ -6,6 +6,8 @@ export OMP_NUM_THREADS ?= 1
 export RAY_AUTH_MODE ?= disabled
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 export TOKENIZERS_PARALLELISM ?= false
+# a crash, also one at interpreter exit, prints every thread's Python stack
+export PYTHONFAULTHANDLER ?= 1
 
 .PHONY: setup setup-gpu train test test-heavy test-gpu lock bench
 
