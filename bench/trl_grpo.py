@@ -45,7 +45,7 @@ def ours_overrides(run_dir: Path, steps: int) -> list[str]:
             f"learner.lr={LR}", "learner.gradient_checkpointing=false", "sync.strategy=merged"]
 
 
-PHASES = ("time_rollout_s", "time_rollout_wait_s", "time_learn_s", "time_sync_s", "time_probe_s")
+PHASES = ("time_rollout_s", "time_rollout_wait_s", "time_learn_s", "time_sync_s", "time_sync_hidden_s", "time_probe_s")
 
 
 def run_ours(steps: int, extra: tuple[str, ...] = ()) -> dict:
