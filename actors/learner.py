@@ -83,6 +83,7 @@ class Learner:
         self.rank, self.world_size = rank, world_size
         self.device = pick_device()
         self.dtype = pick_dtype(model_cfg, self.device)
+        self._cpu_bf16 = self.device.type == "cpu" and cfg.cpu_bf16 and cpu_has_bf16()  # read /proc/cpuinfo once
         # the checkpoint's own names, for what the learner hands the engine (None: no folder)
         self.layout = CheckpointLayout.of(model_path) if model_path and Path(model_path, "config.json").is_file() \
             else None
@@ -178,7 +179,7 @@ class Learner:
 
     def _autocast(self):
         """learner.cpu_bf16: bf16 matmuls on a CPU that has them (fp32 weights, grads and optimizer)."""
-        if self.device.type == "cpu" and self.cfg.cpu_bf16 and cpu_has_bf16():
+        if self._cpu_bf16:
             return torch.autocast("cpu", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
