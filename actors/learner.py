@@ -36,6 +36,7 @@ from rl.learner_memory import (
 )
 from rl.packing import micro_batches, pack, packed_micro_batches, packed_rows
 from rl.sft import cpu_has_bf16
+from rl.shared_prefix import prefix_micro_batches, prefix_row, shared_prefix_rows, use_shared_prefix_attention
 from rl.types import TrainSample
 
 ADAPTER_NAME = "default"
@@ -139,6 +140,8 @@ class Learner:
             tile_mlps(self.decoder, cfg.mlp_tile_tokens)
         if cfg.linear_attn_segment_tokens > 0:
             segment_linear_attention(self.decoder, cfg.linear_attn_segment_tokens)
+        if cfg.share_prefix:
+            use_shared_prefix_attention(base)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if world_size > 1:
             for p in self.params:
@@ -221,7 +224,10 @@ class Learner:
         # fp64 sums: weighted loss, clipped tokens, ratio, kl, IS weight, IS-capped tokens
         stats = torch.zeros(6, dtype=torch.float64, device=self.device)
         with linear_attention_segments(cfg.linear_attn_segment_tokens), self._autocast():
-            if cfg.pack_samples:
+            if cfg.share_prefix:
+                for batch in prefix_micro_batches(trained, cfg.micro_batch_tokens):
+                    stats += self._prefix_micro_step(batch, [weights[id(s)] for s in batch])
+            elif cfg.pack_samples:
                 for batch in packed_micro_batches(trained, cfg.micro_batch_tokens):
                     stats += self._packed_micro_step(batch, [weights[id(s)] for s in batch])
             else:
@@ -318,6 +324,24 @@ class Learner:
             tl = grpo_token_loss(logp, row["old"][:, 1:][sel], row["adv"][:, 1:][sel],
                                  cfg.clip_eps_low, cfg.clip_eps_high, cfg.beta, ref_logp, cfg.tis_cap)
             return self._backward(tl, row["w"][:, 1:][sel])  # the recompute in backward needs the boundaries too
+
+    def _prefix_micro_step(self, batch: list[TrainSample], weights: list[float]) -> torch.Tensor:
+        """_micro_step on one shared-prefix row (rl.shared_prefix): the samples' common prefix
+        is computed once, each remainder attends to it and to itself."""
+        cfg = self.cfg
+        row = prefix_row(batch, weights)
+        t = {k: row[k].to(self.device) for k in ("ids", "positions", "src", "targets", "old", "adv", "w")}
+        with shared_prefix_rows(row["prefix"], row["spans"]):
+            ref_logp = None
+            if cfg.beta > 0:
+                with torch.no_grad(), self.model.disable_adapter():
+                    ref_logp = self._target_logprobs(self._hidden(t["ids"], None, t["positions"])[0, t["src"]],
+                                                     t["targets"])
+            hidden = self._hidden(t["ids"], None, t["positions"])[0, t["src"]]
+            logp = self._target_logprobs(hidden, t["targets"])
+            tl = grpo_token_loss(logp, t["old"], t["adv"], cfg.clip_eps_low, cfg.clip_eps_high, cfg.beta, ref_logp,
+                                 cfg.tis_cap)
+            return self._backward(tl, t["w"])  # the recompute in backward needs the layout too
 
     @torch.no_grad()
     def sequence_logprobs(self, token_ids: list[int]) -> list[float]:

@@ -116,9 +116,18 @@ class LearnerConfig(Section):
                             "(auto: fall back to PyTorch with a log line; on: fail instead; off: PyTorch)")
     pack_samples: bool = Field(False, description="concatenate a micro-batch's samples into one row (no padding), "
                                                   "boundaries kept by position ids and cu_seqlens")
+    share_prefix: bool = Field(False, description="one row per micro-batch holding the samples' common prefix once "
+                               "(a GRPO group's prompt) and each sample's remainder; full-attention models only")
     torch_threads: int = Field(1, ge=1)
     cpu_bf16: bool = Field(False, description="on CPUs with AMX/AVX512-BF16, the update's forward/backward under "
                            "bf16 autocast (fp32 weights and optimizer; the parity probe stays fp32)")
+
+    @model_validator(mode="after")
+    def _one_row_layout(self) -> "LearnerConfig":
+        if self.share_prefix and self.pack_samples:
+            raise ValueError("learner.share_prefix and learner.pack_samples both lay out the micro-batch's row; "
+                             "choose one (share_prefix also packs the samples, without padding)")
+        return self
 
     @model_validator(mode="after")
     def _offload_needs_checkpointing(self) -> "LearnerConfig":
