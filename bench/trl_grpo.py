@@ -15,6 +15,9 @@ first. Sides:
   ours-bf16   ours-ahead with bf16 matmuls on both sides of the loop: learner.cpu_bf16 (autocast,
               fp32 weights) and bf16 serving (parity threshold 0.1, truncated IS weights, cap 2)
   trl-bf16    trl with bf16=True, TRL's own default (autocast on CPU)
+  ours-prefix, ours-bf16-prefix
+              ours-ahead / ours-bf16 with learner.share_prefix=true: the group's prompt is
+              computed once in the update, each completion attending to it and itself
 Each step's mean completion length is kept too: the reward shortens completions, and a side
 whose completions shrink faster does less work per step.
 
@@ -66,6 +69,7 @@ def run_ours(steps: int, extra: tuple[str, ...] = ()) -> dict:
 
 BF16 = ("trainer.rollout_ahead=true", "learner.cpu_bf16=true", "rollout.dtype=bfloat16", "sync.parity_threshold=0.1",
         "learner.tis_cap=2.0")
+PREFIX = "learner.share_prefix=true"
 
 
 def run_trl(steps: int, threads: int = 1, bf16: bool = False) -> dict:
@@ -85,7 +89,9 @@ def run_trl(steps: int, threads: int = 1, bf16: bool = False) -> dict:
 
 SIDES = {"ours": lambda steps: run_ours(steps), "ours-ahead": lambda steps: run_ours(steps, ("trainer.rollout_ahead=true",)),
          "trl": lambda steps: run_trl(steps, 1), "trl-2t": lambda steps: run_trl(steps, 2),
-         "ours-bf16": lambda steps: run_ours(steps, BF16), "trl-bf16": lambda steps: run_trl(steps, 1, bf16=True)}
+         "ours-bf16": lambda steps: run_ours(steps, BF16), "trl-bf16": lambda steps: run_trl(steps, 1, bf16=True),
+         "ours-prefix": lambda steps: run_ours(steps, ("trainer.rollout_ahead=true", PREFIX)),
+         "ours-bf16-prefix": lambda steps: run_ours(steps, (*BF16, PREFIX))}
 
 
 def trl_child(out: str, steps: int, threads: int, bf16: bool) -> None:
@@ -165,7 +171,7 @@ def main() -> None:
         for name in (sides if r % 2 == 0 else sides[::-1]):
             res = SIDES[name](args.steps)
             runs[name].append(res)
-            print(f"round {r + 1} {name:>10}: start-up {res['startup_s']:.1f}s, steps {[round(s, 1) for s in res['step_s']]}, "
+            print(f"round {r + 1} {name:>16}: start-up {res['startup_s']:.1f}s, steps {[round(s, 1) for s in res['step_s']]}, "
                   f"completion tokens {[round(x or 0, 1) for x in res['completion_tokens_mean']]}", flush=True)
     summary = {name: {"startup_s": statistics.median(r["startup_s"] for r in rs),
                       "steady_step_s": statistics.median(s for r in rs for s in r["step_s"]),
@@ -175,10 +181,13 @@ def main() -> None:
     base = summary.get("trl") or summary[sides[-1]]
     print(f"\n{GROUP} completions x {MAX_TOKENS} tokens, LoRA r16; {args.rounds} alternated rounds x "
           f"{args.steps} steps (load {os.getloadavg()[0]:.1f}); ratios against trl (1 thread)")
-    print(f"{'side':>10} | {'start-up s':>10} | {'ratio':>5} | {'step s':>6} | {'ratio':>5} | {'tokens/completion':>17}")
+    bf16 = summary.get("trl-bf16")  # the matched-precision baseline for the bf16 sides
+    print(f"{'side':>16} | {'start-up s':>10} | {'ratio':>5} | {'step s':>6} | {'ratio':>5} | "
+          f"{'vs trl-bf16' if bf16 else '':>11} | {'tokens/completion':>17}")
     for name, m in summary.items():
-        print(f"{name:>10} | {m['startup_s']:>10.1f} | {m['startup_s'] / base['startup_s']:>5.2f} | "
-              f"{m['steady_step_s']:>6.1f} | {m['steady_step_s'] / base['steady_step_s']:>5.2f} | "
+        vs_bf16 = f"{m['steady_step_s'] / bf16['steady_step_s']:>11.2f}" if bf16 else " " * 11
+        print(f"{name:>16} | {m['startup_s']:>10.1f} | {m['startup_s'] / base['startup_s']:>5.2f} | "
+              f"{m['steady_step_s']:>6.1f} | {m['steady_step_s'] / base['steady_step_s']:>5.2f} | {vs_bf16} | "
               f"{m['completion_tokens_mean']:>17.1f}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -26,30 +26,40 @@ ATTENTION = "rlvr_shared_prefix"
 _ACTIVE: list = [None]
 
 
+def _shared(first: list[int], n: int, ids: list[int]) -> int:
+    """How many of the first `n` tokens of `first` `ids` also starts with, leaving it one of its own."""
+    n, k = min(n, len(ids) - 1), 0
+    while k < n and ids[k] == first[k]:
+        k += 1
+    return k
+
+
 def common_prefix_length(batch: list[TrainSample]) -> int:
     """Tokens every sample of the batch starts with, leaving each at least one token of its own."""
+    if len(batch) < 2:
+        return 0
     first = batch[0].token_ids
-    n = min(len(s.token_ids) for s in batch) - 1
+    n = len(first) - 1
     for s in batch[1:]:
-        ids, k = s.token_ids, 0
-        while k < n and ids[k] == first[k]:
-            k += 1
-        n = k
-    return max(n, 0) if len(batch) > 1 else 0
+        n = _shared(first, n, s.token_ids)
+    return max(n, 0)
 
 
 def prefix_micro_batches(samples: list[TrainSample], budget: int) -> list[list[TrainSample]]:
     """Greedy in order, like rl.packing.micro_batches, counting a micro-batch as its row will
-    be computed: the common prefix once plus every sample's remainder."""
+    be computed: the common prefix once plus every sample's remainder. The prefix is kept
+    incrementally (adding a sample can only shorten it), so planning is linear in the tokens."""
     batches: list[list[TrainSample]] = []
     current: list[TrainSample] = []
+    n = total = 0  # the current batch's running prefix bound (first sample's length - 1) and token count
     for s in samples:
-        trial = current + [s]
-        p = common_prefix_length(trial)
-        if current and p + sum(len(x.token_ids) - p for x in trial) > budget:
+        if current:
+            m = _shared(current[0].token_ids, n, s.token_ids)
+            if m + (total + len(s.token_ids)) - m * (len(current) + 1) <= budget:
+                current, n, total = current + [s], m, total + len(s.token_ids)
+                continue
             batches.append(current)
-            trial = [s]
-        current = trial
+        current, n, total = [s], len(s.token_ids) - 1, len(s.token_ids)
     if current:
         batches.append(current)
     return batches

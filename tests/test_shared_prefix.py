@@ -3,6 +3,8 @@ import random
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from actors.learner import Learner
 from rl.config import LearnerConfig, ModelConfig
@@ -33,6 +35,23 @@ def test_micro_batches_count_the_prefix_once():
     assert prefix_micro_batches(batch[:5], whole - 4 * shared) == [batch[:5]]
     split = prefix_micro_batches(batch, 60)
     assert [s for g in split for s in g] == batch and len(split) > 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=8), min_size=1, max_size=8), st.integers(2, 40))
+def test_micro_batches_equal_recounting_each_trial(seqs, budget):
+    """The incremental planner gives the batches of recomputing each trial batch's prefix."""
+    samples = [TrainSample(ids, [0] + [1] * (len(ids) - 1), [0.0] * len(ids), advantage=0.0) for ids in seqs]
+    expected, current = [], []
+    for s in samples:
+        trial = current + [s]
+        p = common_prefix_length(trial)
+        if current and p + sum(len(x.token_ids) - p for x in trial) > budget:
+            expected.append(current)
+            trial = [s]
+        current = trial
+    expected.append(current)
+    assert prefix_micro_batches(samples, budget) == expected
 
 
 @pytest.mark.parametrize("budget", [4096, 60])
