@@ -23,7 +23,6 @@ from typing import Any
 
 import ray
 
-from actors.learner import Learner
 from actors.logfiles import with_output_copied
 from rl.config import RunConfig
 from rl.folders import read_folder, write_folder
@@ -50,8 +49,11 @@ def _free_port() -> str:
 
 
 class LearnerGroup:
-    def __init__(self, cfg: RunConfig, model_path: str, options: list[dict]):
-        """options: the Ray actor options of each rank (orchestrator.cluster.spawn_learners builds them)."""
+    def __init__(self, cfg: RunConfig, model_path: str, options: list[dict], wait: bool = True):
+        """options: the Ray actor options of each rank (orchestrator.cluster.spawn_learners builds them).
+        wait=False returns while the ranks still build; `ready()` waits and raises their init errors."""
+        from actors.learner import Learner  # torch: ~1.3 s of import the driver pays only when it builds one
+
         n = len(options)
         addr = None
         if n > 1:
@@ -62,7 +64,13 @@ class LearnerGroup:
         self.actors = [actor_cls.options(**options[r]).remote(
             model_path, cfg.learner, cfg.model, cfg.trainer.seed, rank=r, world_size=n, dist_addr=addr)
             for r in range(n)]
-        ray.get([a.num_trainable_params.remote() for a in self.actors])  # surface init errors here
+        self._building = [a.num_trainable_params.remote() for a in self.actors]
+        if wait:
+            self.ready()
+
+    def ready(self) -> None:
+        """Block until every rank is built; a rank's init error is raised here."""
+        ray.get(self._building)
 
     def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
         """One optimizer step on the whole batch; rank 0's metrics are already global."""

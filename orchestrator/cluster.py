@@ -238,8 +238,9 @@ def start_recording_proxy(cfg: RunConfig, upstream: str, upstream_model: str, ap
 
 
 def spawn_learners(cfg: RunConfig, model_path: str, placement: Placement | None = None,
-                   threads: int | None = None) -> LearnerGroup:
-    """learner.num_learners Learner actors as one group (size 1 is a single actor)."""
+                   threads: int | None = None, wait: bool = True) -> LearnerGroup:
+    """learner.num_learners Learner actors as one group (size 1 is a single actor); wait=False
+    returns while they build (LearnerGroup.ready waits)."""
     threads = threads or cfg.learner.torch_threads
     options = [_options(cfg, placement, "learner", i, threads) for i in range(cfg.learner.num_learners)]
-    return LearnerGroup(cfg, model_path, options)
+    return LearnerGroup(cfg, model_path, options, wait)

@@ -11,9 +11,15 @@ for them before the sync, so the engine's weights never change under a running e
 The sync and its parity probe are then only issued (`IssuedSync`): the engines apply them
 while the learner trains the next step, and the rollout after that waits for them before its
 first request. A step's record then carries the probe of the previous step's sync.
+
+Start-up puts the first rollout request first: the engine is spawned as soon as Ray is up,
+and a fresh run's first step rolls out (on the base weights, which are the learner's: LoRA
+starts at zero) as soon as the engine answers, while the learner builds and the start probe
+waits for it.
 """
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import threading
@@ -29,7 +35,7 @@ from orchestrator.cluster import Placement, connect, spawn_learners, spawn_rollo
 from orchestrator.console import Console
 from orchestrator.episode_store import EpisodeStore
 from orchestrator.metrics import MetricsLog, read_metrics, step_time_budget, timed
-from orchestrator.parity import run_parity_probe
+from orchestrator.parity import finish_parity_probe, run_parity_probe
 from orchestrator.plots import plot_reward_curve
 from orchestrator.rollouts.agentic import AgenticRollouts
 from orchestrator.rollouts.base import Episode, Rollouts
@@ -38,9 +44,9 @@ from orchestrator.sampling import StepGroups, collect_step
 from orchestrator.storage import RunStorage
 from orchestrator.tracker import Tracker
 from orchestrator.weight_sync import IssuedSync, WeightSync, make_weight_sync
+from rl.advantages import group_advantages
 from rl.config import RunConfig, dump_config
 from rl.default_model import resolve_model_path
-from rl.grpo import group_advantages
 from rl.types import TrainSample
 
 
@@ -60,13 +66,15 @@ class Trainer:
         self.store = EpisodeStore(self.run_dir)
         self.console = Console(cfg.trainer.steps, cfg.logging.progress)
         self._ahead: dict[int, Future] = {}  # step -> its rollouts, started while the previous step learned
+        self._on_policy: set[int] = set()  # steps in _ahead rolled out on the learner's current weights
+        self._start_probe = None  # a fresh run's start probe, issued before its first rollout
         self._issued: IssuedSync | None = None  # the last overlapped step's sync, applied while the next one learns
         self._last_probe: tuple[float, float] = (0.0, 0.0)  # the latest completed parity probe (mean, max)
 
     # ---- set-up ------------------------------------------------------------------
     def _start(self) -> None:
         cfg = self.cfg
-        phases: dict[str, float] = {}  # where start-up goes; the engine loads while the learner builds
+        phases: dict[str, float] = {}  # where start-up goes; the learner builds beside the engine
         with timed("ray", phases):
             connect(cfg, echo=cfg.logging.console == "debug")  # actor output: <run_dir>/logs
         if self.before_actors:
@@ -81,15 +89,30 @@ class Trainer:
             self.placement = Placement(cfg, log_dir=self.run_dir / "logs")
         print(f"[rlvr] run dir {self.run_dir}; model {self.model_path}; "
               f"{cfg.rollout.num_workers} rollout worker(s), {cfg.learner.num_learners} learner(s)", flush=True)
+        # the engine's start is the critical path: it goes first, and on a fresh run the learner is
+        # spawned only once the engine answers (on a small host their imports share the cores)
         self.workers = spawn_rollout_workers(cfg, self.model_path, self.placement)
-        with timed("learner", phases):
-            self.learner = spawn_learners(cfg, self.model_path, self.placement)
-        with timed("engine_and_env", phases):
+        fresh = latest_checkpoint(self.run_dir) is None
+        if not fresh:
+            self.learner = spawn_learners(cfg, self.model_path, self.placement, wait=False)
+        self.parity_ids = self.tokenizer(cfg.sync.parity_text)["input_ids"]
+        with timed("env", phases):
             self.rollouts: Rollouts = (LengthRollouts(cfg, self.tokenizer, self.workers) if cfg.task.kind == "length"
                                        else AgenticRollouts(cfg, self.run_dir, self.workers, self.placement))
+        with timed("engine", phases):
             ray.get([w.chat_template_info.remote() for w in self.workers])  # the engines are up
-        self.parity_ids = self.tokenizer(cfg.sync.parity_text)["input_ids"]
-        print("[rlvr] start-up: " + ", ".join(f"{k[5:-2]} {v:.1f}s" for k, v in phases.items()), flush=True)
+        first_request = None
+        if fresh:  # step 1 needs no sync (LoRA starts at zero: the base weights are the policy), only the engine
+            served = [w.prompt_logprobs.remote(self.parity_ids) for w in self.workers]  # ahead of the rollout's calls
+            self._ahead[1] = self._roll_ahead(1, None)
+            self._on_policy.add(1)
+            first_request = _process_age()
+            self.learner = spawn_learners(cfg, self.model_path, self.placement, wait=False)
+            self._start_probe = (self.learner.sequence_logprobs_ref(self.parity_ids), served)
+        with timed("learner", phases):  # what was left of its build
+            self.learner.ready()
+        print("[rlvr] start-up: " + ", ".join(f"{k[5:-2]} {v:.1f}s" for k, v in phases.items())
+              + (f"; first rollout request {first_request:.1f}s after launch" if first_request else ""), flush=True)
         self.nodes = self.placement.nodes()  # where each actor runs; every metrics record carries it
         print(f"[rlvr] actors on nodes {self.nodes}", flush=True)
 
@@ -108,7 +131,8 @@ class Trainer:
         if found is None:
             self.metrics.truncate_after(0)  # records of a run killed before its first checkpoint
             dump_config(self.cfg, self.run_dir / "config.yaml")
-            self._last_probe = self._probe("at start (base policy)")
+            self._last_probe = finish_parity_probe(self._start_probe, self.cfg.sync.parity_threshold,
+                                                   "at start (base policy)")
             return 1
         step, ckpt = found
         state = load_trainer_state(ckpt)
@@ -196,7 +220,7 @@ class Trainer:
                 "loss": learn.get("loss"), "gen_tokens": gen_tokens,
                 "gen_tokens_per_s": gen_tokens / max(timings["time_rollout_s"], 1e-9),
                 "gen_tokens_mean": statistics.fmean(e.record.tokens for e in episodes),
-                "policy_lag": int(ahead is not None),
+                "policy_lag": int(ahead is not None and step not in self._on_policy),
                 **timings, **step_time_budget(fresh, timings["time_rollout_s"], timings),
                 **{k: v for k, v in memory.items() if v is not None},
                 "parity_gap": gap, "parity_gap_max": gap_max, "train_samples": len(samples), "nodes": self.nodes}
@@ -283,3 +307,14 @@ def _refuse_all_failed(step: int, episodes: list[Episode]) -> None:
 def _tuple_state(state):
     """JSON turns the RNG state's tuples into lists; random.setstate wants tuples back."""
     return tuple(_tuple_state(s) if isinstance(s, list) else s for s in state)
+
+
+def _process_age() -> float | None:
+    """Seconds since this process started (Linux /proc), for the start-up line; None elsewhere."""
+    try:
+        with open("/proc/self/stat") as f:
+            started = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        with open("/proc/uptime") as f:
+            return float(f.read().split()[0]) - started
+    except (OSError, ValueError, IndexError):
+        return None

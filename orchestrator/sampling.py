@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 from orchestrator.episode_store import EpisodeStore
 from orchestrator.rollouts.base import Episode, GroupSpec, Rollouts
+from rl.advantages import group_ties, shape_reward
 from rl.config import RunConfig
-from rl.grpo import group_ties, shape_reward
 
 # learner.mask_episodes names -> the scaffold stop reasons they cover
 MASKED_STOPS = {"truncated": {"length", "token_budget"}, "wall_clock": {"wall_clock"}, "max_turns": {"max_turns"}}

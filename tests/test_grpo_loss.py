@@ -3,8 +3,9 @@ import math
 import pytest
 import torch
 
+from rl.advantages import group_advantages, group_ties, shape_reward
 from rl.fused_logprob import chunked_target_logprobs, naive_target_logprobs
-from rl.grpo import group_advantages, group_ties, grpo_token_loss, sequence_weights, shape_reward
+from rl.grpo import grpo_token_loss, sequence_weights
 
 
 def test_group_advantages_hand_numbers():
