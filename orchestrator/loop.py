@@ -45,8 +45,8 @@ from orchestrator.storage import RunStorage
 from orchestrator.tracker import Tracker
 from orchestrator.weight_sync import IssuedSync, WeightSync, make_weight_sync
 from rl.advantages import group_advantages
-from rl.config import RunConfig, dump_config
-from rl.default_model import resolve_model_path
+from rl.config import DEFAULT_MODEL, RunConfig, dump_config
+from rl.default_model import default_model_dir, resolve_model_path
 from rl.types import TrainSample
 
 
@@ -72,37 +72,41 @@ class Trainer:
         self._last_probe: tuple[float, float] = (0.0, 0.0)  # the latest completed parity probe (mean, max)
 
     # ---- set-up ------------------------------------------------------------------
-    def _start(self) -> None:
+    def _start(self, roll_first_step: bool = False) -> None:
+        """Ray, the actors, the env; with roll_first_step, a fresh run's step 1 starts rolling out here."""
         cfg = self.cfg
         phases: dict[str, float] = {}  # where start-up goes; the learner builds beside the engine
         with timed("ray", phases):
             connect(cfg, echo=cfg.logging.console == "debug")  # actor output: <run_dir>/logs
+        # the engine's start is the critical path, so it is spawned before the preflight's verdict when
+        # the model folder is already there (a failed check then takes it down with Ray); on a fresh run
+        # the learner is spawned only once the engine answers (on a small host their imports share the cores)
+        early = _model_folder_exists(cfg.model.path)
+        if early:
+            with timed("setup", phases):
+                self._spawn_engines()
         if self.before_actors:
             with timed("preflight", phases):  # the checks ran while Ray started; a failure stops here
                 self._wait_preflight()
         with timed("setup", phases):  # model folder, tokenizer, placement group
+            if not early:
+                self._spawn_engines()
             # imported only now: transformers' lazy module is not safe to import from two threads at once,
             # and the preflight thread imports it while Ray starts
             from transformers import AutoTokenizer
-            self.model_path = resolve_model_path(cfg.model.path)
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-            self.placement = Placement(cfg, log_dir=self.run_dir / "logs")
         print(f"[rlvr] run dir {self.run_dir}; model {self.model_path}; "
               f"{cfg.rollout.num_workers} rollout worker(s), {cfg.learner.num_learners} learner(s)", flush=True)
-        # the engine's start is the critical path: it goes first, and on a fresh run the learner is
-        # spawned only once the engine answers (on a small host their imports share the cores)
-        self.workers = spawn_rollout_workers(cfg, self.model_path, self.placement)
-        fresh = latest_checkpoint(self.run_dir) is None
-        if not fresh:
+        roll_first_step = roll_first_step and latest_checkpoint(self.run_dir) is None
+        if not roll_first_step:
             self.learner = spawn_learners(cfg, self.model_path, self.placement, wait=False)
         self.parity_ids = self.tokenizer(cfg.sync.parity_text)["input_ids"]
-        with timed("env", phases):
+        with timed("engine_and_env", phases):  # the env actors start while the engines load
             self.rollouts: Rollouts = (LengthRollouts(cfg, self.tokenizer, self.workers) if cfg.task.kind == "length"
                                        else AgenticRollouts(cfg, self.run_dir, self.workers, self.placement))
-        with timed("engine", phases):
             ray.get([w.chat_template_info.remote() for w in self.workers])  # the engines are up
         first_request = None
-        if fresh:  # step 1 needs no sync (LoRA starts at zero: the base weights are the policy), only the engine
+        if roll_first_step:  # step 1 needs no sync (LoRA starts at zero: the base weights are the policy), only the engine
             served = [w.prompt_logprobs.remote(self.parity_ids) for w in self.workers]  # ahead of the rollout's calls
             self._ahead[1] = self._roll_ahead(1, None)
             self._on_policy.add(1)
@@ -116,11 +120,16 @@ class Trainer:
         self.nodes = self.placement.nodes()  # where each actor runs; every metrics record carries it
         print(f"[rlvr] actors on nodes {self.nodes}", flush=True)
 
+    def _spawn_engines(self) -> None:
+        self.model_path = resolve_model_path(self.cfg.model.path)
+        self.placement = Placement(self.cfg, log_dir=self.run_dir / "logs")
+        self.workers = spawn_rollout_workers(self.cfg, self.model_path, self.placement)
+
     def _wait_preflight(self) -> None:
         try:
             self.before_actors()
         except SystemExit:
-            ray.shutdown()  # nothing was placed; leave no Ray behind in the caller's process
+            ray.shutdown()  # takes any engine already spawned with it; leave no Ray behind in the caller's process
             raise
 
     def _restore(self) -> int:
@@ -131,8 +140,9 @@ class Trainer:
         if found is None:
             self.metrics.truncate_after(0)  # records of a run killed before its first checkpoint
             dump_config(self.cfg, self.run_dir / "config.yaml")
-            self._last_probe = finish_parity_probe(self._start_probe, self.cfg.sync.parity_threshold,
-                                                   "at start (base policy)")
+            self._last_probe = (finish_parity_probe(self._start_probe, self.cfg.sync.parity_threshold,
+                                                    "at start (base policy)") if self._start_probe
+                                else self._probe("at start (base policy)"))
             return 1
         step, ckpt = found
         state = load_trainer_state(ckpt)
@@ -150,7 +160,7 @@ class Trainer:
 
     # ---- the loop ----------------------------------------------------------------
     def run(self) -> Path:
-        self._start()
+        self._start(roll_first_step=True)
         first = self._restore()
         for step in range(first, self.cfg.trainer.steps + 1):
             metrics = self.step(step)
@@ -318,3 +328,9 @@ def _process_age() -> float | None:
             return float(f.read().split()[0]) - started
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _model_folder_exists(path: str) -> bool:
+    """model.path names a folder that is already there (the default model once built)."""
+    folder = default_model_dir() if path == DEFAULT_MODEL else Path(path)
+    return (folder / "config.json").is_file()

@@ -34,6 +34,9 @@ def test_loop_closes_on_the_served_policy(tmp_path, model_path, fresh_ray):
     rewards = [m["reward_mean"] for m in metrics]
     print("reward_mean per step:", [round(r, 3) for r in rewards])
     assert [m["step"] for m in metrics] == list(range(1, 5))
+    # step 1 rolled out during start-up, on the base weights the learner also starts from
+    assert "time_rollout_wait_s" in metrics[0] and all("time_rollout_wait_s" not in m for m in metrics[1:])
+    assert [m["policy_lag"] for m in metrics] == [0, 0, 0, 0]
     assert statistics.fmean(rewards[-2:]) > statistics.fmean(rewards[:2]) + 0.15, rewards
     assert all(m["parity_gap"] < cfg.sync.parity_threshold for m in metrics)
     assert (tmp_path / "run" / "reward_curve.png").stat().st_size > 1000

@@ -24,12 +24,14 @@ class AgenticRollouts:
         self.cfg = cfg
         self.workers = workers
         self.trace_path = Path(run_dir) / "trace.jsonl"
+        spans = placement.spans_nodes() if placement is not None else alive_nodes() > 1
+        servers = [w.start_server.remote(spans) for w in workers]  # each starts once its engine is up,
+        # beside the env actors' start
         self.train_tasks = select_tasks(cfg.task, cfg.trainer.seed, run_dir, "train")
         self.names = [t.id for t in self.train_tasks]
         self.settings = EpisodeSettings.for_training(cfg)
         self.env_actors = spawn_env_actors(cfg, placement, self.train_tasks)
-        spans = placement.spans_nodes() if placement is not None else alive_nodes() > 1
-        self.server_urls = ray.get([w.start_server.remote(spans) for w in workers])
+        self.server_urls = ray.get(servers)
         self._counter = itertools.count()
         self._counter_lock = threading.Lock()
         print(f"[rlvr] {len(self.train_tasks)} training tasks; policy servers {self.server_urls}", flush=True)
