@@ -2,9 +2,10 @@
 seconds from launch to the first rollout request, and where the start-up line says they went.
 
 Each run is a fresh process, as a user starts it: `rlvr train <config> trainer.steps=1` into a
-new run folder. The first rollout request is read off the first metrics record the same way
-for both sides: the step's end minus its rollout and everything the step did after the
-rollout (learn, sleep, wake, sync, probe). The base side runs from a `git worktree` of the
+new run folder. The first rollout request is the time the run's start-up line states; a run
+whose line does not state it (an older commit) has it read off the first metrics record: the
+step's end minus its rollout and everything the step did after the rollout (learn, sleep,
+wake, sync, probe), which is when it started there. The base side runs from a `git worktree` of the
 given commit, with this checkout's environment.
 
     python bench/startup.py [--base HEAD~1] [--config configs/default.yaml] [--rounds 3] [--json out.json]
@@ -39,7 +40,9 @@ def one_run(tree: Path, config: str, overrides: list[str], uid_base: int) -> dic
     after = sum(first.get(k, 0.0) for k in AFTER_ROLLOUT)
     line = re.search(r"\[rlvr\] start-up: ([^\n;]*)", out.stdout)
     phases = {k: float(v) for k, v in re.findall(r"(\w+) ([0-9.]+)s", line.group(1))} if line else {}
-    return {"first_request_s": first["time"] - first["time_rollout_s"] - after - launch,
+    said = re.search(r"first rollout request ([0-9.]+)s after launch", out.stdout)
+    return {"first_request_s": float(said.group(1)) if said else first["time"] - first["time_rollout_s"] - after - launch,
+            "first_request_said": said is not None,
             "step1_done_s": first["time"] - launch, "phases": phases}
 
 

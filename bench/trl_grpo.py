@@ -4,7 +4,8 @@ and steady-state step time.
 The job: SmolLM2-135M, LoRA r16 on all projections, no gradient checkpointing, the length
 reward on the loop-closure prompts, one prompt x 8 completions x at most 64 tokens per step,
 one thread per process (ours: engine and learner one each). Each run is a fresh process, as
-a user starts it: start-up is launch -> first step begins; a step is the wall time from one
+a user starts it: start-up is launch -> first step begins (ours: the first rollout request, as
+the run's start-up line states it); a step is the wall time from one
 step's end to the next one's (both sides alike); steady state is the median step after the
 first. Sides:
   ours        `rlvr train configs/length.yaml` with the matching overrides (synchronous)
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -54,13 +56,16 @@ PHASES = ("time_rollout_s", "time_rollout_wait_s", "time_learn_s", "time_sync_s"
 def run_ours(steps: int, extra: tuple[str, ...] = ()) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix="bench-ours-")) / "run"
     launch = time.time()
-    subprocess.run([sys.executable, "-m", "cli.main", "train", "configs/length.yaml", *ours_overrides(run_dir, steps),
-                    *extra], cwd=ROOT, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run([sys.executable, "-m", "cli.main", "train", "configs/length.yaml",
+                          *ours_overrides(run_dir, steps), *extra], cwd=ROOT, check=True, stdout=subprocess.PIPE,
+                         text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    # a record is written when its step ends; the first step's phases give its start
+    # a record is written when its step ends; the first step's phases give its start, unless the
+    # run says when its first rollout request left (step 1 then rolls out while the learner builds)
     first = recs[0]
     first_step = sum(first.get(k, 0.0) for k in ("time_rollout_s", "time_learn_s", "time_sync_s", "time_probe_s"))
-    return {"startup_s": first["time"] - first_step - launch,
+    said = re.search(r"first rollout request ([0-9.]+)s after launch", out.stdout)
+    return {"startup_s": float(said.group(1)) if said else first["time"] - first_step - launch,
             "step_s": [b["time"] - a["time"] for a, b in zip(recs, recs[1:])],
             "first_step_s": first_step, "reward_mean": [r["reward_mean"] for r in recs],
             "completion_tokens_mean": [r["gen_tokens_mean"] for r in recs],
