@@ -79,7 +79,8 @@ class Trainer:
         with timed("ray", phases):
             connect(cfg, echo=cfg.logging.console == "debug")  # actor output: <run_dir>/logs
         # the engine's start is the critical path, so it is spawned before the preflight's verdict when
-        # the model folder is already there (a failed check then takes it down with Ray); on a fresh run
+        # the model folder is already there (a failed check then takes it down with Ray; the checks read
+        # the GPU's free memory first thing, seconds before an engine could allocate any); on a fresh run
         # the learner is spawned only once the engine answers (on a small host their imports share the cores)
         early = _model_folder_exists(cfg.model.path)
         if early:
