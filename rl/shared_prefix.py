@@ -21,7 +21,8 @@ import torch
 from rl.types import TrainSample
 
 ATTENTION = "rlvr_shared_prefix"
-# (prefix length, [(start, end) of each remainder in the row]) of the row being computed, or None;
+# (prefix length, [(start, end) of each remainder in the row], {(remainder length, device): its mask})
+# of the row being computed, or None (the masks are built once per row, not once per layer);
 # a process global, not a context variable: the recompute inside backward may run on autograd's thread
 _ACTIVE: list = [None]
 
@@ -94,7 +95,7 @@ def prefix_row(batch: list[TrainSample], weights: list[float] | None = None) -> 
 def shared_prefix_rows(prefix: int, spans: list[tuple[int, int]]):
     """Inside the block, the registered attention reads rows laid out as prefix_row lays them."""
     previous = _ACTIVE[0]
-    _ACTIVE[0] = (prefix, spans)
+    _ACTIVE[0] = (prefix, spans, {})
     try:
         yield
     finally:
@@ -109,7 +110,7 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     layout = _ACTIVE[0]
     if layout is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    p, spans = layout
+    p, spans, masks = layout
     outs = []
     if p:
         outs.append(sdpa_attention_forward(module, query[:, :, :p], key[:, :, :p], value[:, :, :p], None, dropout,
@@ -121,11 +122,14 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
                                                dropout, scaling, is_causal=True)[0])
             continue
         n = end - start  # query j sees the whole prefix and its own remainder up to j
-        allowed = torch.ones(n, p + n, dtype=torch.bool, device=query.device)
-        allowed[:, p:] = torch.ones(n, n, dtype=torch.bool, device=query.device).tril()
+        allowed = masks.get((n, query.device))
+        if allowed is None:
+            allowed = torch.ones(n, p + n, dtype=torch.bool, device=query.device)
+            allowed[:, p:] = torch.ones(n, n, dtype=torch.bool, device=query.device).tril()
+            masks[(n, query.device)] = allowed = allowed[None, None]
         k = torch.cat([key[:, :, :p], key[:, :, start:end]], dim=2)
         v = torch.cat([value[:, :, :p], value[:, :, start:end]], dim=2)
-        outs.append(sdpa_attention_forward(module, q, k, v, allowed[None, None], dropout, scaling,
+        outs.append(sdpa_attention_forward(module, q, k, v, allowed, dropout, scaling,
                                            is_causal=False)[0])
     return torch.cat(outs, dim=1), None
 
