@@ -33,6 +33,9 @@ def register(sub) -> None:
     r.add_argument("--train-run", help="the trained policy's run dir: its sampled episodes set the matched count")
     r.add_argument("--train-rollouts", type=int, help="episodes training sampled (instead of --train-run)")
     r.add_argument("--out", help="verdict folder (default: the last EVAL_DIR's parent / verdict)")
+    r.add_argument("--by-level", action="store_true",
+                   help="instead of the verdict: levels.md/.json/.png in --out, each policy by difficulty level; "
+                        "a policy's EVAL_DIR may join several folders with '+' (one per level subset)")
     r.set_defaults(func=report_command)
 
 
@@ -130,6 +133,20 @@ def eval_command(args) -> int:
 
 
 def report_command(args) -> int:
+    if args.by_level:
+        from orchestrator.eval_report import render_levels, write_level_report
+
+        names = args.names.split(",") if args.names else [Path(d.split("+")[0]).name for d in args.eval_dirs]
+        if len(names) != len(args.eval_dirs):
+            raise ConfigError(f"--names gives {len(names)} names for {len(args.eval_dirs)} EVAL_DIRs")
+        out = Path(args.out or Path(args.eval_dirs[-1].split("+")[0]).parent / "levels")
+        try:
+            rows = write_level_report({n: d.split("+") for n, d in zip(names, args.eval_dirs)}, out)
+        except (ValueError, FileNotFoundError) as e:
+            raise ConfigError(str(e)) from None
+        print(render_levels(rows))
+        print(f"[rlvr eval-report] levels.md, levels.json, levels.png in {out}")
+        return 0
     if len(args.eval_dirs) == 1:
         summary = write_report(args.eval_dirs[0])
         print(render_markdown(summary))

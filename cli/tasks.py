@@ -41,6 +41,11 @@ def register(subparsers) -> None:
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=_split)
 
+    g = sub.add_parser("merge", help="one task file from several (e.g. levels and mutations of four libraries)")
+    g.add_argument("out")
+    g.add_argument("inputs", nargs="+")
+    g.set_defaults(func=_merge)
+
     i = sub.add_parser("info", help="summarize a task file")
     i.add_argument("tasks_file")
     i.set_defaults(func=_info)
@@ -63,6 +68,19 @@ def _mine(args: argparse.Namespace) -> int:
     out.with_suffix(".report.json").write_text(json.dumps(asdict(report), indent=1))
     print(f"wrote {len(tasks)} tasks to {out}")
     return 0 if tasks else 1
+
+
+def _merge(args: argparse.Namespace) -> int:
+    """Concatenate task files; a task id in two of them is an error (load_tasks says where)."""
+    tasks = [t for path in args.inputs for t in load_tasks(path)]
+    ids = [t.id for t in tasks]
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    if twice:
+        print(f"error: {len(twice)} task id(s) occur in more than one input, e.g. {twice[0]}")
+        return 2
+    save_tasks(tasks, Path(args.out))
+    print(f"wrote {len(tasks)} tasks from {len(args.inputs)} files to {args.out}")
+    return 0
 
 
 def _split(args: argparse.Namespace) -> int:

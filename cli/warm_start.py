@@ -16,8 +16,15 @@ def main(args) -> int:
     out = run_warm_start(cfg, run_dir, demos_only=args.demos_only)
     if args.demos_only:
         print(f"demonstrations: {out}")
-    else:
-        print(f"warm-started model: {out}\nstart GRPO from it with: model.path={out}")
+        return 0
+    print(f"warm-started model: {out}\nstart GRPO from it with: model.path={out}")
+    if args.ship:
+        from orchestrator.warm_start import ship
+
+        command = " ".join(["rlvr warm-start", *([args.config] if args.config else []), *(args.overrides or []),
+                            *(["--run-dir", args.run_dir] if args.run_dir else [])])
+        dest = ship(cfg, run_dir, Path(args.ship), command)
+        print(f"shipped: {dest} (model.path={dest})")
     return 0
 
 
@@ -26,5 +33,8 @@ def register(sub) -> None:
     p.add_argument("config", nargs="?", help=f"run config YAML (default: {DEFAULT_CONFIG.name})")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. warm_start.epochs=1")
     p.add_argument("--run-dir", help="run directory whose split is used (default: trainer.run_dir)")
-    p.add_argument("--demos-only", action="store_true", help="build the demonstrations and stop")
+    p.add_argument("--demos-only", action="store_true", help="build the demonstrations and their tokenized rows, "
+                                                              "and stop (SFT them later, e.g. on a CUDA host)")
+    p.add_argument("--ship", metavar="DEST", help="copy the trained adapter to DEST with a manifest (demo set hash, "
+                                                  "SFT settings and figures, this command): a folder model.path names")
     p.set_defaults(func=main)

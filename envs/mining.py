@@ -13,7 +13,8 @@ A partial stub is kept only if its hole matters: with the hole simply deleted (`
 place) some FAIL_TO_PASS test still fails, so removing the marker is never a solution.
 Dropped: bodies run at import (the stub would break importing), bodies shorter than
 MIN_BODY_LINES, duplicates, stubs no test notices, stubs that break collecting, deletable
-holes, and stubs that break more than MAX_F2P_FRACTION of the suite (not a task about one
+holes, mutants whose failing tests show no expected-against-actual comparison (the `mutation`
+level, envs/mutations.py), and stubs that break more than MAX_F2P_FRACTION of the suite (not a task about one
 function any more).
 """
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from envs.mutations import shows_expected_actual
 from envs.reward import is_test_path
 from envs.sandbox import INSIDE_REPO, Limits, QuotaDir, Sandbox, chown_tree
 from envs.screen import audit_allowances, find_function, function_lines
@@ -43,6 +45,7 @@ from envs.testrun import BASE_PYTEST, run_tests
 from rl.paths import DEFAULT_WORK_ROOT
 
 MAX_F2P_FRACTION = 0.5
+PROBE_FACTOR, PROBE_MIN_S = 4.0, 60.0   # a probe's suite run may take this many baselines (at least the floor)
 COVERAGE_RC = "[run]\nbranch = False\n[json]\nshow_contexts = True\n"
 
 
@@ -233,8 +236,12 @@ def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic
     spaces = [workspace(i) for i in range(max(1, workers))]
     try:
         _, co0, sb0 = spaces[0]
+        t_base = time.monotonic()
         runs = [run_tests(sb0, test_command, timeout_s=timeout_s, per_test_timeout_s=per_test_timeout_s,
                           extra_args=["--continue-on-collection-errors"]) for _ in range(2)]
+        # a stub or mutant that makes the suite hang (a flipped loop condition) is no task: a probe
+        # gets a few times the baseline's wall time, not timeout_s (476 tests x 10 s per test)
+        probe_timeout_s = min(timeout_s, max(PROBE_MIN_S, PROBE_FACTOR * (time.monotonic() - t_base) / 2))
         for r in runs:
             if not r.finished or r.tampered:
                 raise RuntimeError(f"{library}: baseline test run failed:\n{r.output[-3000:]}")
@@ -293,7 +300,7 @@ def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic
             stub = stub_for(c)
             module.write_text("".join(lines[:c.start - 1]) + stub + "".join(lines[c.end:]))
             try:
-                run = run_tests(sb, test_command, timeout_s=timeout_s, per_test_timeout_s=per_test_timeout_s)
+                run = run_tests(sb, test_command, timeout_s=probe_timeout_s, per_test_timeout_s=per_test_timeout_s)
             finally:
                 module.write_text(original)
                 done[0] += 1
@@ -305,10 +312,12 @@ def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic
             if not f2p or len(f2p) > MAX_F2P_FRACTION * len(stable):
                 return None
             hole_fails = None
-            if c.level != "body":   # deleting the marked hole must not be a solution: some F2P test fails
+            if c.level == "mutation" and not shows_expected_actual(run.output):
+                return None          # the failures must say what the line computes wrong, not only that it raised
+            if c.level not in ("body", "mutation"):   # deleting the marked hole must not be a solution
                 module.write_text("".join(lines[:c.start - 1]) + f"{c.indent}pass\n" + "".join(lines[c.end:]))
                 try:
-                    run = run_tests(sb, test_command, nodeids=f2p, timeout_s=timeout_s,
+                    run = run_tests(sb, test_command, nodeids=f2p, timeout_s=probe_timeout_s,
                                     per_test_timeout_s=per_test_timeout_s)
                 finally:
                     module.write_text(original)
@@ -317,7 +326,7 @@ def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic
                     return None
             if not _reference_passes(sb, c, original, test_command, f2p, timeout_s, per_test_timeout_s):
                 return None
-            suffix = "" if c.level == "body" else f":{c.level}"
+            suffix = {"body": "", "mutation": f":mutation@{c.start}"}.get(c.level, f":{c.level}")
             return Task(
                 id=f"{library}-{info.version}:{c.module_path}:{c.qualname}{suffix}", library=library,
                 version=info.version, sdist_filename=info.filename, sdist_sha256=info.sha256,
@@ -327,6 +336,7 @@ def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic
                 problem_statement=problem_statement(c, src_root), level=c.level,
                 test_deps=list(overlay.pins) if overlay else [],
                 meta={"candidate_tests": len(c.tests), "body_lines": c.end - c.start + 1,
+                      **({"operator": c.operator} if c.operator else {}),
                       "function_lines": c.fn_end - c.fn_start + 1, "f2p_failing_with_hole_deleted": hole_fails,
                       "f2p_outside_coverage": sorted(set(f2p) - c.tests)})
 

@@ -183,11 +183,11 @@ def select_tasks(task_cfg: TaskConfig, seed: int, split_dir: str | Path, side: s
         tasks = load_tasks(tasks_file)
     except FileNotFoundError as e:
         raise ConfigError(str(e)) from None
-    if task_cfg.levels:
+    if task_cfg.levels and not any(t.level in task_cfg.levels for t in tasks):
+        raise ConfigError(f"{tasks_file} holds no task of level(s) {task_cfg.levels}; "
+                          "`rlvr tasks info` lists its levels")
+    if task_cfg.levels and not trained_split:   # a new split is made of those levels only
         tasks = [t for t in tasks if t.level in task_cfg.levels]
-        if not tasks:
-            raise ConfigError(f"{tasks_file} holds no task of level(s) {task_cfg.levels}; "
-                              "`rlvr tasks info` lists its levels")
     if task_cfg.max_tasks:
         tasks = tasks[:task_cfg.max_tasks]
     if trained_split:
@@ -216,4 +216,7 @@ def select_tasks(task_cfg: TaskConfig, seed: int, split_dir: str | Path, side: s
     if side == "train" and not ids:
         raise ConfigError(f"no training tasks in {tasks_file} after the split; raise task.max_tasks "
                           "or task.train_fraction")
-    return [by_id[i] for i in ids]
+    chosen = [by_id[i] for i in ids]
+    if task_cfg.levels and trained_split:        # a run's split, narrowed to some levels (an evaluation by level)
+        chosen = [t for t in chosen if t.level in task_cfg.levels]
+    return chosen

@@ -1,12 +1,15 @@
 """Where a task's stub goes: candidate spans of real functions and methods, one per difficulty level.
 
 Levels, hardest first: "body" stubs the whole body (docstring and signature kept); the partial
-levels remove part of a function and leave a marked hole (`raise NotImplementedError(...)` at the
-spot), so the rest of the function is context the agent can read:
+levels remove part of a function and leave a marked hole, so the rest of the function is context
+the agent can read. The stub line is always the same text, `raise NotImplementedError` at the
+hole's indentation (MARKER), so an edit's `oldText` is one constant the model can copy; a module
+that already holds that text elsewhere gives no stub candidates (the marker must be unique):
   "last_lines"  the function's last k lines (k about a third of the body, at a statement boundary);
   "branch"      the body of one `if`/`else` branch;
   "return"      one `return <expression>` statement;
-  "statement"   one other simple statement (an assignment or a call).
+  "statement"   one other simple statement (an assignment or a call);
+  "mutation"    no hole: a one-token bug in one line (envs/mutations.py), the easiest level.
 Each function gives at most one candidate per level (the largest fitting span), and a partial
 span must leave the module compiling. Module-level functions and methods of module-level classes
 are candidates (qualname "Class.method").
@@ -18,13 +21,13 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from envs.mutations import pick_mutations
 from envs.reward import is_test_path
 from envs.tasks import LEVELS
 
 MIN_BODY_LINES = 2      # a one-line body (`return x`) is too trivial to be a task
 MIN_PARTIAL_LINES = 3   # a partial stub leaves some of the body: the body needs a few lines
-_HOLE = {"last_lines": "the rest of the function", "branch": "this branch", "return": "the return statement",
-         "statement": "a statement"}
+MARKER = "raise NotImplementedError"
 _NESTED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 
@@ -41,30 +44,39 @@ class Candidate:
     fn_end: int = 0
     fn_body: str = ""
     tests: set[str] = field(default_factory=set)
+    replacement: str = ""   # mutation: the mutated line
+    operator: str = ""      # mutation: which operator made it
 
     @property
-    def key(self) -> tuple[str, str, str]:
+    def key(self) -> tuple[str, str, str, str]:
         """Two candidates with the same key are the same task (a body copied between modules)."""
-        return self.level, textwrap.dedent(self.fn_body).strip(), textwrap.dedent(self.body).strip()
+        return (self.level, textwrap.dedent(self.fn_body).strip(), textwrap.dedent(self.body).strip(),
+                self.replacement.strip())
 
 
 def stub_for(c: Candidate) -> str:
-    if c.level == "body":
-        return f'{c.indent}raise NotImplementedError("{c.qualname} is not implemented yet")\n'
-    return f'{c.indent}raise NotImplementedError("{c.qualname}: {_HOLE[c.level]} is missing here")\n'
+    """What replaces the candidate's lines: the mutated line, or the marker line."""
+    if c.level == "mutation":
+        return c.replacement
+    return f"{c.indent}{MARKER}\n"
 
 
 def problem_statement(c: Candidate, src_root: str = "") -> str:
     module = c.module_path[len(src_root) + 1:] if src_root else c.module_path
     dotted = module[:-3].replace("/", ".").removesuffix(".__init__")
+    if c.level == "mutation":
+        return (f"`{dotted}.{c.qualname}` in {c.module_path} has a bug on line {c.start}, which reads "
+                f"`{c.replacement.strip()}`: one token of that line is wrong (an operator, a constant, a name, "
+                f"or the order of two operands). Fix that line so that the repository's tests pass, without "
+                f"changing the tests.")
     if c.level == "body":
-        return (f"Implement `{dotted}.{c.qualname}` in {c.module_path}: its body was removed and now raises "
-                f"NotImplementedError; its signature and docstring say what it must do. Make the "
+        return (f"Implement `{dotted}.{c.qualname}` in {c.module_path}: its body was removed and is now the "
+                f"line `{MARKER}`; its signature and docstring say what it must do. Make the "
                 f"repository's tests pass without changing the tests.")
     what = {"last_lines": f"its last {c.end - c.start + 1} lines", "branch": "the body of one branch",
             "return": "one return statement", "statement": "one statement"}[c.level]
     return (f"Part of `{dotted}.{c.qualname}` in {c.module_path} was removed: {what}. That spot "
-            f"(line {c.start}) now raises NotImplementedError. Restore the missing code so that the "
+            f"(line {c.start}) now reads `{MARKER}`. Restore the missing code so that the "
             f"repository's tests pass, without changing the tests.")
 
 
@@ -156,6 +168,7 @@ def candidates(tree: Path, packages: list[str], src_root: str = "",
             except SyntaxError:
                 continue
             lines = source.splitlines(keepends=True)
+            marker_free = MARKER not in source
             for qualname, node in _functions(mod):
                 stmts = node.body
                 if (stmts and isinstance(stmts[0], ast.Expr) and isinstance(stmts[0].value, ast.Constant)
@@ -165,12 +178,21 @@ def candidates(tree: Path, packages: list[str], src_root: str = "",
                     continue   # no body, or a body that does not start its own line
                 start, end = stmts[0].lineno, node.end_lineno
                 fn_body = "".join(lines[start - 1:end])
+                if "mutation" in levels:
+                    for n, op, text in pick_mutations(rel, qualname, node, stmts, lines):
+                        original = lines[n - 1]
+                        if not mutant_line_unique(lines, n, text):
+                            continue
+                        out.append(Candidate(rel, qualname, n, n, original, original[:len(original) - len(original.lstrip())],
+                                             "mutation", start, end, fn_body, replacement=text, operator=op))
+                if not marker_free:
+                    continue
                 spans = {"body": (start, end, stmts[0].col_offset)} if "body" in levels else {}
                 if end - start + 1 >= MIN_PARTIAL_LINES:
                     spans.update({k: v for k, v in _partial_spans(node, stmts, lines).items() if k in levels})
                 seen = set()
                 for level in LEVELS:
-                    if level not in spans or spans[level][:2] in seen:
+                    if level == "mutation" or level not in spans or spans[level][:2] in seen:
                         continue
                     a, b, col = spans[level]
                     seen.add((a, b))
@@ -180,6 +202,13 @@ def candidates(tree: Path, packages: list[str], src_root: str = "",
                         continue
                     out.append(c)
     return out
+
+
+def mutant_line_unique(lines: list[str], n: int, text: str) -> bool:
+    """The mutated line's text occurs once in the mutated module, so the line the statement
+    quotes is an `oldText` the edit tool accepts as it is."""
+    mutated = "".join(lines[:n - 1]) + text + "".join(lines[n:])
+    return mutated.count(text.strip()) == 1
 
 
 def _compiles(lines: list[str], c: Candidate, filename: str) -> bool:

@@ -333,7 +333,10 @@ class Tools:
         if "\0" in command:
             raise ToolError(f"The command contains a NUL byte at character {command.index(chr(0))}; "
                             "bash cannot run it. Write binary data with printf escapes instead.")
-        limit = self.command_timeout_s if not timeout or timeout <= 0 else min(timeout, self.command_timeout_s)
+        if timeout is not None and timeout <= 0:   # not "no timeout": say so rather than apply the default
+            raise ToolError(f"Argument `timeout` of `bash` must be a positive number of seconds, got {timeout:g}. "
+                            f"Leave it out for the default limit of {self.command_timeout_s:g} seconds.")
+        limit = self.command_timeout_s if timeout is None else min(timeout, self.command_timeout_s)
         res = self.sandbox.run(command, limit)
         lines = res.output.split("\n")
         text = "\n".join(lines[-MAX_LINES:])

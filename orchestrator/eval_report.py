@@ -11,6 +11,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from rl.jsonl import append_durable, read_complete
+from rl.passk import pass_at_k
+from rl.types import LEVELS
 
 RECORDS_FILE = "episodes.jsonl"
 PASS_REWARD = 1.0  # the reward for a full pass (every FAIL_TO_PASS and PASS_TO_PASS test)
@@ -44,6 +46,29 @@ def passed(record: dict) -> bool:
     return float(record["reward"]) >= PASS_REWARD
 
 
+def task_level(task_id: str) -> str:
+    """A task id's difficulty level: `...:qualname` is body, `...:qualname:return` a partial
+    level, `...:qualname:mutation@88` a mutant."""
+    last = task_id.rsplit(":", 1)[-1]
+    level = last.split("@", 1)[0]
+    return level if level in LEVELS else "body"
+
+
+def _by_level(tasks: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = defaultdict(list)
+    for t in tasks:
+        out[t["level"]].append(t)
+    return out
+
+
+def pass_at_k_curve(tasks: list[dict]) -> dict[int, float]:
+    """Mean over tasks of the unbiased pass@k, k = 1 .. the fewest samples a task has."""
+    if not tasks:
+        return {}
+    n_min = min(t["n"] for t in tasks)
+    return {k: sum(pass_at_k(t["n"], t["passes"], k) for t in tasks) / len(tasks) for k in range(1, n_min + 1)}
+
+
 def summarize(records: list[dict]) -> dict:
     """Single-shot vs execution-selected best-of-N, per task and overall.
 
@@ -64,7 +89,7 @@ def summarize(records: list[dict]) -> dict:
             "pass_rate": sum(passed(r) for r in rs) / len(rs),
             "mean_reward": sum(rewards) / len(rs),
             "best_reward": float(best["reward"]), "best_sample": int(best["sample"]),
-            "best_passed": passed(best),
+            "best_passed": passed(best), "passes": sum(passed(r) for r in rs), "level": task_level(task_id),
         })
     n_tasks = len(tasks)
 
@@ -84,6 +109,15 @@ def summarize(records: list[dict]) -> dict:
         "mean_tool_calls": mean([float(r.get("tool_calls", 0)) for r in records]),
         "tool_failure_rate": (sum(r.get("tool_failures", 0) for r in records)
                               / max(1, sum(r.get("tool_calls", 0) for r in records))),
+        # edits the tool applied (its oldText was the file's text) among the edit calls
+        "edit_success_rate": (1 - sum(r.get("edit_failures") or 0 for r in records)
+                              / sum(r.get("edits") or 0 for r in records)
+                              if any(r.get("edits") for r in records) else None),
+        "edit_calls": sum(r.get("edits") or 0 for r in records),
+        "pass_at_k": pass_at_k_curve(tasks),
+        "by_level": {lv: {"tasks": len(ts), "pass_at_k": pass_at_k_curve(ts),
+                          "tasks_passed_at_n": sum(t["passes"] > 0 for t in ts)}
+                     for lv, ts in sorted(_by_level(tasks).items())},
         "mean_seconds": mean([float(r.get("seconds", 0)) for r in records]),
         "stop_reasons": dict(Counter(str(r.get("stop_reason")) for r in records)),
         "per_task": tasks,
@@ -100,8 +134,14 @@ def render_markdown(summary: dict, title: str = "Evaluation") -> str:
              f"| mean reward | {s['single_shot_mean_reward']:.3f} | {s['best_of_n_mean_reward']:.3f} |", "",
              f"edited: {s['edited_rate']:.2f} · turns/episode: {s['mean_turns']:.1f} · tool calls/episode: "
              f"{s['mean_tool_calls']:.1f} · tool failure rate: {s['tool_failure_rate']:.2f} · "
+             f"edits applied: {'-' if s['edit_success_rate'] is None else format(s['edit_success_rate'], '.2f')} "
+             f"of {s['edit_calls']} · "
              f"seconds/episode: {s['mean_seconds']:.1f}", "",
              "stop reasons: " + ", ".join(f"{k}={v}" for k, v in sorted(s["stop_reasons"].items())), "",
+             "| level | tasks | pass@1 | pass@k (k = samples) | tasks with a pass |", "|---|---|---|---|---|",
+             *[f"| {lv} | {b['tasks']} | {b['pass_at_k'].get(1, 0):.3f} | "
+               f"{max(b['pass_at_k'].items())[1] if b['pass_at_k'] else 0:.3f} | {b['tasks_passed_at_n']} |"
+               for lv, b in s["by_level"].items()], "",
              "| task | n | pass rate | mean reward | best reward |", "|---|---|---|---|---|"]
     for t in s["per_task"]:
         lines.append(f"| {t['task']} | {t['n']} | {t['pass_rate']:.2f} | {t['mean_reward']:.3f} | "
@@ -151,3 +191,51 @@ def write_report(out_dir: str | Path, title: str = "Evaluation") -> dict:
     (out / "report.md").write_text(render_markdown(summary, title))
     plot(summary, out / "report.png", title)
     return summary
+
+
+def level_rows(name: str, records: list[dict]) -> list[dict]:
+    """One row per difficulty level of one policy's records: pass@1 and pass@k (k = the fewest
+    samples a task has), tasks with a pass, edits applied among edit calls, tool-failure rate."""
+    summary = summarize(records)
+    level = {t["task"]: t["level"] for t in summary["per_task"]}
+    rows = []
+    for lv, b in summary["by_level"].items():
+        rs = [r for r in records if level[r["task"]] == lv]
+        edits, failed = sum(r.get("edits") or 0 for r in rs), sum(r.get("edit_failures") or 0 for r in rs)
+        calls, tool_failed = sum(r.get("tool_calls") or 0 for r in rs), sum(r.get("tool_failures") or 0 for r in rs)
+        k = max(b["pass_at_k"]) if b["pass_at_k"] else 0
+        rows.append({"policy": name, "level": lv, "tasks": b["tasks"], "k": k, "pass@1": b["pass_at_k"].get(1, 0.0),
+                     "pass@k": b["pass_at_k"].get(k, 0.0), "tasks_with_a_pass": b["tasks_passed_at_n"],
+                     "edit_success_rate": 1 - failed / edits if edits else None, "edit_calls": edits,
+                     "tool_failure_rate": tool_failed / calls if calls else 0.0, "episodes": len(rs)})
+    return rows
+
+
+def render_levels(rows: list[dict]) -> str:
+    lines = ["| policy | level | tasks | k | pass@1 | pass@k | tasks with a pass | edits applied | edit calls | "
+             "tool-failure rate |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        edit = "-" if r["edit_success_rate"] is None else f"{r['edit_success_rate']:.2f}"
+        lines.append(f"| {r['policy']} | {r['level']} | {r['tasks']} | {r['k']} | {r['pass@1']:.3f} | {r['pass@k']:.3f} | "
+                     f"{r['tasks_with_a_pass']}/{r['tasks']} ({r['tasks_with_a_pass'] / r['tasks']:.0%}) | {edit} | "
+                     f"{r['edit_calls']} | {r['tool_failure_rate']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_level_report(policies: dict[str, list[str | Path]], out: str | Path) -> list[dict]:
+    """levels.md, levels.json and levels.png in `out`: each policy's records (from one or more
+    evaluation folders, e.g. one per level subset) by difficulty level."""
+    from orchestrator.plots import plot_levels
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name, dirs in policies.items():
+        records = [r for d in dirs for r in load_records(Path(d) / RECORDS_FILE)]
+        if not records:
+            raise ValueError(f"{name}: no finished episodes in {', '.join(map(str, dirs))}")
+        rows += level_rows(name, records)
+    (out / "levels.md").write_text(render_levels(rows))
+    (out / "levels.json").write_text(json.dumps(rows, indent=1))
+    plot_levels(rows, out / "levels.png")
+    return rows

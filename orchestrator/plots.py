@@ -60,3 +60,27 @@ def plot_pass_rates(band: dict, png: str | Path) -> Path:
     fig.savefig(png, dpi=100)
     plt.close(fig)
     return Path(png)
+
+
+def plot_levels(rows: list[dict], png: str | Path) -> Path:
+    """pass@1 and pass@k by difficulty level, one bar per policy (orchestrator.eval_report.level_rows)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    levels = sorted({r["level"] for r in rows})
+    names = list(dict.fromkeys(r["policy"] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
+    width = 0.8 / len(names)
+    for ax, key in zip(axes, ("pass@1", "pass@k")):
+        for i, name in enumerate(names):
+            vals = [next((r[key] for r in rows if r["policy"] == name and r["level"] == lv), 0.0) for lv in levels]
+            ax.bar([j + i * width for j in range(len(levels))], vals, width, label=name)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(levels))], levels, rotation=20)
+        ax.set_title(f"{key} on held-out tasks (pi)")
+    axes[0].set_ylabel("mean over tasks (unbiased estimator)")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return Path(png)

@@ -7,34 +7,40 @@ finished folder is reused as is.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import random
+import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
-from actors.chat_format import conversation_calls
 from envs.split import select_tasks
 from envs.tasks import Task
-from orchestrator.harvest import harvest_rows
-from rl.assembly import assemble
 from rl.config import RunConfig
 from rl.default_model import resolve_model_path
 from rl.jsonl import append_durable, read_complete
 from rl.sft import run_sft
-from scaffolds.demos import build_demonstration
 
 DEMOS_FILE = "demos.jsonl"
+ROWS_FILE = "rows.jsonl"          # the kept demonstrations tokenized in the serving format
+ROWS_META = "rows.meta.json"      # which demonstrations (their hash) and tokenizer the rows came from
 
 
 def build_demos(cfg: RunConfig, tasks: list[Task], out: Path, workers: int = 2) -> list[dict]:
-    """Demonstrations for `tasks` (the training split only), `demos_per_task` each, a share
-    of them recoveries; every attempt is recorded (kept or not) so a rerun skips it."""
+    """Demonstrations for `tasks` (the training split only), `demos_per_task` each in the
+    shapes of scaffolds.demos.VARIANTS; every attempt is recorded (kept or not) so a rerun skips it."""
     ws = cfg.warm_start
     done = {(r["task_id"], r["seed"]) for r in read_complete(out)}
-    todo = [(t, k) for t in tasks for k in range(ws.demos_per_task) if (t.id, k) not in done]
+    if all((t.id, k) in done for t in tasks for k in range(ws.demos_per_task)):
+        return read_complete(out)      # nothing to build: no sandbox needed (a GPU host SFTs from here)
+    from scaffolds.demos import build_demonstration, variant_flags
+    # variant-major: every task's first demonstration before any second one, so a run stopped
+    # early (or resumed later with a larger demos_per_task) covers the tasks evenly
+    todo = [(t, k) for k in range(ws.demos_per_task) for t in tasks if (t.id, k) not in done]
     lock, slots = threading.Lock(), list(range(workers))
-    n_recovery = round(ws.demos_per_task * ws.recovery_fraction)
     started, finished = time.monotonic(), [0]
     print(f"[demos] {len(todo)} to build ({len(done)} done) for {len(tasks)} tasks", flush=True)
 
@@ -43,8 +49,9 @@ def build_demos(cfg: RunConfig, tasks: list[Task], out: Path, workers: int = 2) 
         with lock:
             slot = slots.pop()
         try:
+            flags = variant_flags(k, ws.recovery_fraction)
             demo = build_demonstration(task, cfg.env, uid=cfg.env.sandbox_uid_base + slot, seed=k,
-                                       recovery=k < n_recovery)
+                                       recovery=flags.pop("recovery", False), **flags)
             record = (asdict(demo) if demo is not None else
                       {"task_id": task.id, "seed": k, "variant": "recovery", "reward": None,
                        "messages": [], "notes": ["not buildable from what the model sees (see build_demonstration)"]})
@@ -63,6 +70,9 @@ def build_demos(cfg: RunConfig, tasks: list[Task], out: Path, workers: int = 2) 
 
 def sft_rows(tokenizer, demos: list[dict]) -> list[dict]:
     """Serving-format rows of the kept demonstrations (reward 1.0)."""
+    from actors.chat_format import conversation_calls
+    from rl.assembly import assemble
+
     rows = []
     for d in demos:
         if d.get("reward") != 1.0:
@@ -72,23 +82,48 @@ def sft_rows(tokenizer, demos: list[dict]) -> list[dict]:
     return rows
 
 
+def demos_digest(demos: list[dict]) -> str:
+    """sha256 of the kept demonstrations (task, seed, messages): the manifest's demo set hash."""
+    h = hashlib.sha256()
+    for d in sorted((d for d in demos if d.get("reward") == 1.0), key=lambda d: (d["task_id"], d["seed"])):
+        h.update(json.dumps([d["task_id"], d["seed"], d["messages"]], sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def cached_rows(folder: Path, tokenizer_dir: str, demos: list[dict]) -> list[dict]:
+    """The rows of `demos`, tokenized once and kept beside them: a host without the serving
+    stack (vLLM renders the chat format) trains from the file, and the hash says it is current."""
+    meta = {"demos_sha256": demos_digest(demos), "tokenizer": Path(tokenizer_dir).name}
+    rows_file, meta_file = folder / ROWS_FILE, folder / ROWS_META
+    if rows_file.is_file() and meta_file.is_file() and json.loads(meta_file.read_text()) == meta:
+        return read_complete(rows_file)
+    from transformers import AutoTokenizer
+
+    rows = sft_rows(AutoTokenizer.from_pretrained(tokenizer_dir), demos)
+    rows_file.unlink(missing_ok=True)
+    append_durable(rows_file, rows)
+    meta_file.write_text(json.dumps(meta))
+    return rows
+
+
 def warm_start(cfg: RunConfig, folder: Path, train_tasks: list[Task], demos_only: bool = False) -> Path:
     """Demonstrations for `train_tasks` into `folder`, then SFT; returns the merged model folder
     (or the demonstrations file with `demos_only`). Reuses whatever a killed run finished."""
-    from transformers import AutoTokenizer
-
     folder.mkdir(parents=True, exist_ok=True)
-    base = resolve_model_path(cfg.model.path)
     demos = build_demos(cfg, train_tasks, folder / DEMOS_FILE) if cfg.warm_start.demos else []
+    base = resolve_model_path(cfg.model.path)
+    rows = cached_rows(folder, base, demos)   # tokenized here: a GPU host without vLLM trains from the file
     if demos_only:
         return folder / DEMOS_FILE
-    tokenizer = AutoTokenizer.from_pretrained(base)
-    rows = sft_rows(tokenizer, demos)
+    if cfg.warm_start.max_rows is not None and cfg.warm_start.max_rows < len(rows):
+        rows = random.Random(cfg.warm_start.seed).sample(rows, cfg.warm_start.max_rows)
     kept = {d["task_id"] for d in demos if d.get("reward") == 1.0}
     print(f"[warm-start] {len(rows)} demonstration rows from {len(kept)} of {len(train_tasks)} demonstrated tasks",
           flush=True)
     train_ids = {t.id for t in train_tasks}
     for hdir in cfg.warm_start.harvest_dirs:
+        from orchestrator.harvest import harvest_rows
+
         harvested = harvest_rows(hdir, cfg.warm_start.max_assistant_turns)
         foreign = sorted({r["task_id"] for r in harvested} - train_ids)
         if foreign:   # a harvest of another split would train on held-out tasks
@@ -96,7 +131,12 @@ def warm_start(cfg: RunConfig, folder: Path, train_tasks: list[Task], demos_only
                              "(a harvest of another split, or of the tasks kept for calibration and GRPO)")
         rows += harvested
         print(f"[warm-start] {len(harvested)} harvested rows from {hdir}", flush=True)
-    return run_sft(rows, base, cfg.warm_start, folder / "sft", cfg.model)
+    return run_sft(rows, base, cfg.warm_start, folder / sft_folder_name(cfg), cfg.model)
+
+
+def sft_folder_name(cfg: RunConfig) -> str:
+    """`sft`, or `sft-<n>rows` for a sample of the rows (each rung of a ladder is its own SFT)."""
+    return "sft" if cfg.warm_start.max_rows is None else f"sft-{cfg.warm_start.max_rows}rows"
 
 
 def folder_for(cfg: RunConfig, run_dir: Path) -> Path:
@@ -109,3 +149,36 @@ def run_warm_start(cfg: RunConfig, run_dir: Path, demos_only: bool = False) -> P
     task.demo_fraction sets tasks apart for calibration and GRPO)."""
     train_tasks = select_tasks(cfg.task, cfg.trainer.seed, run_dir, "demo")
     return warm_start(cfg, folder_for(cfg, run_dir), train_tasks, demos_only=demos_only)
+
+
+MANIFEST = "manifest.json"
+
+
+def ship(cfg: RunConfig, run_dir: Path, dest: Path, command: str) -> Path:
+    """Copy a finished warm-start's adapter to `dest` (a folder `model.path` can name) beside a
+    manifest: the demonstration set's hash and counts, which tasks it demonstrated, the SFT
+    settings and figures, and the command that regenerates it."""
+    folder = folder_for(cfg, run_dir)
+    sft = folder / sft_folder_name(cfg)
+    done = sft / "sft_done.json"
+    if not done.is_file():
+        raise FileNotFoundError(f"{sft}: no finished SFT to ship (run `rlvr warm-start` first)")
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("adapter_config.json", "adapter_model.safetensors", "base_model.txt"):
+        shutil.copy2(sft / "adapter" / name, dest / name)
+    demos = read_complete(folder / DEMOS_FILE)
+    kept = [d for d in demos if d.get("reward") == 1.0]
+    split = json.loads((Path(run_dir) / "split.json").read_text())
+    manifest = {
+        "command": command,
+        "demos": {"sha256": demos_digest(demos), "attempted": len(demos), "kept": len(kept),
+                  "tasks": len({d["task_id"] for d in kept}),
+                  "variants": {v: sum(d["variant"] == v for d in kept) for v in sorted({d["variant"] for d in kept})}},
+        "sft": json.loads(done.read_text()),
+        "warm_start_config": cfg.warm_start.model_dump(),
+        "tasks_file": cfg.task.tasks_file, "split_seed": cfg.trainer.seed,
+        "split": {side: split.get(side, []) for side in ("demo", "train", "test")},
+    }
+    (dest / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    print(f"[warm-start] shipped {sft / 'adapter'} -> {dest} ({MANIFEST} beside it)", flush=True)
+    return dest

@@ -273,9 +273,12 @@ class WarmStartConfig(Section):
     dir: str = Field("", description="warm-start folder (demos.jsonl, sft/, model); '' = <run_dir>/warm_start")
     demos: bool = Field(True, description="build execution-verified demonstrations for the training split")
     demos_per_task: int = Field(2, ge=1, description="demonstrations attempted per training task")
-    recovery_fraction: float = Field(0.5, ge=0, le=1, description="share that make a wrong edit first, then fix it")
+    recovery_fraction: float = Field(0.5, ge=0, le=1, description="0 turns the recovery variants (a wrong edit "
+                                     "first, then the fix) off; else the variants cycle (scaffolds.demos.VARIANTS)")
     harvest_dirs: list[str] = Field([], description="`rlvr harvest` folders whose kept episodes join the rows")
     max_assistant_turns: int = Field(8, ge=1, description="harvest: keep only successes this short")
+    max_rows: int | None = Field(None, ge=1, description="SFT on a seeded sample of this many demonstration "
+                                 "rows (a demonstration-count ladder); None: all of them")
     lr: float = Field(2e-4, gt=0)
     epochs: float = Field(2.0, gt=0)
     batch_size: int = Field(1, ge=1)

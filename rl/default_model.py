@@ -26,14 +26,58 @@ def default_model_dir() -> Path:
     return cache_dir() / "models" / FOLDER_NAME
 
 
+ADAPTER_BASE_FILE = "base_model.txt"   # beside a shipped adapter: the `model.path` it was trained on
+# the warm-start the repository ships (configs/warm_start/README.md): `model.path` can name it
+SHIPPED_WARM_START = Path(__file__).resolve().parent.parent / "configs" / "warm_start" / "smollm2-135m"
+
+
 def resolve_model_path(path: str) -> str:
-    """Config `model.path` -> a local HF folder; 'default' builds SmolLM2 on first use."""
+    """Config `model.path` -> a local HF folder; 'default' builds SmolLM2 on first use, and a
+    LoRA adapter folder (a shipped warm-start: adapter_config.json + base_model.txt) is merged
+    onto its base once and cached."""
     if path == DEFAULT_MODEL:
         return str(prepare_default_model())
+    if Path(path, "adapter_config.json").is_file():
+        return str(merged_adapter(Path(path)))
     if not Path(path, "config.json").is_file():
-        raise FileNotFoundError(f"model.path={path!r} is not a Hugging Face model folder (no config.json); "
-                                f"use model.path=default for the built-in SmolLM2-135M")
+        raise FileNotFoundError(f"model.path={path!r} is not a Hugging Face model folder (no config.json) nor a "
+                                f"LoRA adapter folder (no adapter_config.json); use model.path=default for the "
+                                f"built-in SmolLM2-135M")
     return path
+
+
+def merged_adapter(adapter: Path) -> Path:
+    """The adapter merged onto the base its `base_model.txt` names, as an fp32 model folder
+    under the cache, keyed by the adapter's bytes (a changed adapter is merged anew). The
+    serving chat template and tokenizer are the base's."""
+    import hashlib
+
+    base_file = adapter / ADAPTER_BASE_FILE
+    if not base_file.is_file():
+        raise FileNotFoundError(f"{adapter}: a LoRA adapter folder needs {ADAPTER_BASE_FILE} naming its base "
+                                f"model.path (e.g. 'default')")
+    base = resolve_model_path(base_file.read_text().strip())
+    digest = hashlib.sha256()
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        digest.update((adapter / name).read_bytes())
+    out = cache_dir() / "models" / f"{adapter.name}-merged-{digest.hexdigest()[:12]}"
+    if (out / "model.safetensors").is_file():
+        refresh_template(out)
+        return out
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"[model] merging the adapter {adapter} onto {base} -> {out}", flush=True)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    merged.save_pretrained(tmp, safe_serialization=True)
+    AutoTokenizer.from_pretrained(base).save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
 
 
 def _download_gguf(dest: Path) -> Path:

@@ -17,9 +17,10 @@ import time
 from pathlib import Path
 
 from rl.config import ModelConfig, WarmStartConfig
-from rl.jsonl import append_durable
+from rl.jsonl import append_durable, read_complete
 
 MODEL_DIR = "model"
+ADAPTER_DIR = "adapter"     # the LoRA alone, bf16 (~10 MB for the 135M model): what a warm-start ships
 DONE_FILE = "sft_done.json"
 
 
@@ -52,6 +53,12 @@ def _last_checkpoint(trainer_dir: Path) -> str | None:
     return str(ckpts[-1]) if ckpts else None
 
 
+def _has_field(cls, name: str) -> bool:
+    import dataclasses
+
+    return any(f.name == name for f in dataclasses.fields(cls))
+
+
 def _sft_args(cfg: WarmStartConfig, trainer_dir: Path, cuda: bool, bf16: bool):
     from trl import SFTConfig
 
@@ -63,7 +70,23 @@ def _sft_args(cfg: WarmStartConfig, trainer_dir: Path, cuda: bool, bf16: bool):
         max_length=cfg.max_length, use_cpu=not cuda, bf16=bf16,
         gradient_checkpointing=cfg.gradient_checkpointing, activation_offloading=cfg.activation_offload,
         dataloader_num_workers=0,
+        # rows of like length share a padded batch (packing needs FlashAttention's varlen kernels)
+        **({"train_sampling_strategy": "group_by_length"} if cfg.batch_size > 1 and _has_field(SFTConfig,
+                                                                                              "train_sampling_strategy") else {}),
         disable_tqdm=False, remove_unused_columns=True)
+
+
+def save_adapter(peft_model, folder: Path, base: str) -> Path:
+    """The trained LoRA factors in bf16, with the base model.path beside them
+    (rl.default_model.resolve_model_path merges such a folder onto its base)."""
+    import torch
+
+    from rl.default_model import ADAPTER_BASE_FILE
+
+    state = {k: v.detach().to(torch.bfloat16).cpu() for k, v in peft_model.state_dict().items() if "lora_" in k}
+    peft_model.save_pretrained(folder, state_dict=state, safe_serialization=True)
+    (folder / ADAPTER_BASE_FILE).write_text(base + "\n")
+    return folder
 
 
 def run_sft(rows: list[dict], model_path: str, cfg: WarmStartConfig, out_dir: str | Path,
@@ -122,14 +145,22 @@ def run_sft(rows: list[dict], model_path: str, cfg: WarmStartConfig, out_dir: st
     trainer.train(resume_from_checkpoint=_last_checkpoint(out / "trainer"))
     seconds = time.perf_counter() - start
 
+    save_adapter(trainer.model, out / ADAPTER_DIR, model_cfg.path if model_cfg else model_path)
     model = trainer.model.merge_and_unload()
     merged.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(merged, safe_serialization=True)
     tokenizer.save_pretrained(merged)     # carries the serving chat template
     trained = sum(sum(r["assistant_masks"]) for r in rows)
-    (out / DONE_FILE).write_text(json.dumps({"rows": len(rows), "trained_tokens": trained,
-                                             "tokens": sum(len(r["input_ids"]) for r in rows),
-                                             "epochs": cfg.epochs, "seconds": seconds,
-                                             "base_model": model_path}, indent=1))
+    losses = [r["loss"] for r in read_complete(log_path)] if log_path.is_file() else []
+    tokens = sum(len(r["input_ids"]) for r in rows)
+    (out / DONE_FILE).write_text(json.dumps({
+        "rows": len(rows), "trained_tokens": trained, "tokens": tokens, "epochs": cfg.epochs,
+        "seconds": seconds, "seconds_per_1k_tokens": round(1000 * seconds / max(1, tokens * cfg.epochs), 4),
+        "final_loss": losses[-1] if losses else None,
+        "mean_loss_last_10": sum(losses[-10:]) / len(losses[-10:]) if losses else None,
+        "device": torch.cuda.get_device_name() if cuda else f"cpu ({torch.get_num_threads()} threads)",
+        "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+        "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum, "lr": cfg.lr, "bf16": bf16,
+        "base_model": model_path}, indent=1))
     print(f"[sft] {len(rows)} rows, {trained} trained tokens, {seconds:.0f} s -> {merged}", flush=True)
     return merged

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field, fields
 from typing import Literal, get_args
 
 # a coding task's difficulty level, hardest first (envs/stubs.py says what each stub removes)
-Level = Literal["body", "last_lines", "branch", "return", "statement"]
+Level = Literal["body", "last_lines", "branch", "return", "statement", "mutation"]
 LEVELS: tuple[str, ...] = get_args(Level)
 
 
@@ -105,6 +105,8 @@ class EpisodeRecord:
     turns: int | None = None
     tool_calls: int | None = None
     tool_failures: int | None = None
+    edits: int | None = None             # `edit` calls, and those the tool refused (oldText not found, ...)
+    edit_failures: int | None = None
     unparsed_tool_calls: int | None = None  # model calls that opened a tool call none of which parsed
     stop_reason: str | None = None
     error: str | None = None             # the scaffold's

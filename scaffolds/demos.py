@@ -5,14 +5,17 @@ Every tool call of a demonstration runs through the real tools in the real sandb
 observation is the real output, and a demonstration is kept only if the reward is 1.0.
 
 Every step is something the model can do from what it has seen: a `grep -n` of the function
-name from the task statement, a `read` at the line number that grep printed, an `edit` whose
-oldText is the stub line copied from that read, and a test run of the tests folder. (Offsets
-the builder knows but the model cannot see taught a small model to guess them; node ids of
-the FAIL_TO_PASS tests taught it to invent ids.) The seeded variants differ in their words,
-their read window, and, for a share of them, a *recovery*: a plausible but wrong first edit,
-the failing test output, then the corrected edit (SFT on happy paths alone trains recovery
-away). The last turn is a short answer with no tool call, so the end-of-turn token is in the
-loss.
+name from the task statement (or, without exploration, a read near the line the statement
+names), a `read` at the line number that grep printed, an `edit` whose oldText is the stub's
+text copied from that read (the constant `raise NotImplementedError`, or the mutant line the
+statement quotes), and a test run of the tests folder. (Offsets the builder knows but the model
+cannot see taught a small model to guess them; node ids of the FAIL_TO_PASS tests taught it to
+invent ids.) The variants (VARIANTS, picked by the demonstration's index) differ in their
+words, their read window, whether the failing tests are run and read first, whether the
+function is looked up first, and, for a share of them, a *recovery*: a plausible but wrong
+first edit, the failing test output, then the corrected edit (SFT on happy paths alone trains
+recovery away). The last turn is a short answer with no tool call, so the end-of-turn token is
+in the loss.
 
     demo = build_demonstration(task, env_cfg, uid=61500, seed=3, recovery=True)
     demo.messages   # system, user, assistant/tool turns, final answer (OpenAI chat format)
@@ -27,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from envs.coding_env import INSIDE_REPO, CodingEnv
+from envs.mutations import function_mutations
 from envs.screen import find_function
 from envs.tasks import Task
 from envs.tools import PI_TOOLS
@@ -39,6 +43,11 @@ EDIT_LINES = ["", "Now I'll implement the body.", "I'll replace the stub with an
 TEST_LINES = ["", "Let me run the tests.", "Running the failing tests."]
 FIX_LINES = ["The tests fail; let me fix the implementation.", "That is not right yet. Fixing it.",
              "Some tests still fail. Correcting the body."]
+FIRST_TEST_LINES = ["Let me see which tests fail first.", "First, the failing tests.", ""]
+CONTEXT_ABOVE = (2, 4, 8, 15)
+FIX_LINE_LINES = ["", "Fixing the line.", "The token on that line is wrong; correcting it."]
+FIXED_ANSWERS = ["Fixed line {line} of {path} (`{name}`); the tests pass.",
+                 "Done: the bug on line {line} of {path} is fixed and the tests pass."]
 ANSWERS = ["Implemented `{name}` in {path}; its tests pass.",
            "Done: `{name}` in {path} is implemented and the tests pass.",
            "I implemented `{name}` ({path}). The previously failing tests now pass."]
@@ -47,7 +56,7 @@ ANSWERS = ["Implemented `{name}` in {path}; its tests pass.",
 @dataclass
 class Demonstration:
     task_id: str
-    variant: str                 # "direct" | "recovery"
+    variant: str                 # "direct", or its flags joined: "recovery+tests_first", "no_explore", ...
     seed: int
     messages: list[dict]
     tools: list[dict]
@@ -119,7 +128,9 @@ def test_command(task: Task) -> str:
     without knowing test ids (`-x` keeps a failing run's output short)."""
     folders = {str(Path(i.split("::", 1)[0]).parent) for i in task.fail_to_pass}
     folder = folders.pop() if len(folders) == 1 else "."
-    return f"python -m pytest -x -q -p no:cacheprovider {folder}"
+    argv = task.test_command   # its `-o pythonpath=src` (src layouts) is needed to import the library
+    extra = [f"-o {argv[i + 1]}" for i, a in enumerate(argv[:-1]) if a == "-o"]
+    return " ".join(["python -m pytest -x -q -p no:cacheprovider", *extra, folder])
 
 
 def grep_line(observation: str, want: int) -> int | None:
@@ -150,63 +161,129 @@ class _Episode:
         self.messages.append({"role": "assistant", "content": text})
 
 
+def _one_token_fixes(task: Task, stubbed: str) -> list[str]:
+    """Wrong fixes of a mutant line: the other one-token edits of that line that compile (the
+    same operators that made the bug). Whether the tests really fail is checked by running them."""
+    try:
+        fn = find_function(ast.parse(stubbed), task.qualname)
+    except SyntaxError:
+        return []
+    if fn is None:
+        return []
+    stmts = fn.body[1:] if ast.get_docstring(fn) is not None else fn.body
+    lines = stubbed.splitlines(keepends=True)
+    out = []
+    for n, _, text in function_mutations(fn, stmts, lines):
+        text = text.rstrip("\n")
+        if n == task.body_start_line and text.strip() != task.original_body.strip() and text not in out:
+            out.append(text)
+    return out
+
+
+def _wrong_edits(task: Task, original: str, stubbed: str) -> list[str]:
+    """Plausible wrong replacements of the stub (or mutant) lines, first the likeliest."""
+    if task.level == "mutation":
+        return _one_token_fixes(task, stubbed)
+    return [b.rstrip("\n") for b in wrong_bodies(task, original)]
+
+
+VARIANTS = ({}, {"recovery": True}, {"tests_first": True}, {"explore": False},
+            {"tests_first": True, "recovery": True}, {"explore": False, "tests_first": True})
+
+
+def variant_flags(k: int, recovery_fraction: float = 0.5) -> dict:
+    """Demonstration k's shape: cycles through direct, recovery, tests-first, no exploration
+    and their mixes (with recovery_fraction 0, no recovery)."""
+    flags = dict(VARIANTS[k % len(VARIANTS)])
+    if not recovery_fraction:
+        flags.pop("recovery", None)
+    return flags
+
+
 def build_demonstration(task: Task, env_cfg, uid: int, seed: int, recovery: bool,
-                        work_root: str | Path | None = None) -> Demonstration | None:
+                        work_root: str | Path | None = None, tests_first: bool = False,
+                        explore: bool = True) -> Demonstration | None:
     """One demonstration of `task`, or None when the variant cannot be built (grep does not
     show the function's `def`, the read window does not show the stub, or, for a recovery, no
-    wrong body fails the tests). The reward decides `reward`; callers keep 1.0."""
-    rng = random.Random(f"{task.id}|{seed}|{recovery}")
+    wrong edit fails the tests). The reward decides `reward`; callers keep 1.0.
+
+    recovery: a wrong edit, its failing test output, then the fix. tests_first: the failing
+    test run is read before anything else. explore=False: no grep; the read starts near the
+    line the task statement names (levels whose statement names none always explore)."""
+    rng = random.Random(f"{task.id}|{seed}|{recovery}|{tests_first}|{explore}")
     name = task.qualname.rsplit(".", 1)[-1]
     path = task.module_path
+    mutation = task.level == "mutation"
+    explore = explore or task.level == "body"      # a body task's statement names no line
     with CodingEnv(task, work_root or env_cfg.work_root, env_cfg, uid=uid) as env:
         original = (env.pristine / path).read_text()
         stubbed = (env.checkout / path).read_text()
         ep = _Episode(env, task)
         notes = []
-        found = ep.call(rng.choice(OPENERS), "bash", {"command": f"grep -n 'def {name}(' {path}"})
-        offset = grep_line(found, def_line(task, stubbed))
-        if offset is None:     # the window must come from what the model saw
-            return None
-        span = function_end(task, stubbed) + 1 - offset
+        test_cmd = test_command(task)
+        if tests_first:
+            out = ep.call(rng.choice(FIRST_TEST_LINES), "bash", {"command": test_cmd})
+            if not re.search(r"\b\d+ (failed|error)", out):
+                return None
+        end = function_end(task, stubbed)
+        if explore:
+            found = ep.call(rng.choice(OPENERS), "bash", {"command": f"grep -n 'def {name}(' {path}"})
+            offset = grep_line(found, def_line(task, stubbed))
+            if offset is None:     # the window must come from what the model saw
+                return None
+        else:                      # the statement's line number, a few lines of context above it
+            offset = max(1, task.body_start_line - rng.choice(CONTEXT_ABOVE))
+        span = end + 1 - offset
         limit = next((n for n in READ_LIMITS if n >= span + 2), span + 10)
+        if mutation or not explore:
+            limit = rng.choice([n for n in READ_LIMITS if n >= task.body_start_line - offset + 3] or [span + 10])
         seen = ep.call(rng.choice(READ_LINES).format(line=offset), "read",
                        {"path": path, "offset": offset, "limit": limit})
         stub = task.stub_body.rstrip("\n")
-        old = unique_old_text(stubbed, stub, task.body_start_line)   # the stub line, widened only if not unique
+        # the stub's text without its indentation (the one constant `raise NotImplementedError`,
+        # or the mutant line as the statement quotes it), widened upwards only if not unique
+        core = stub.strip() if len(task.stub_body.splitlines()) == 1 else stub
+        lead = stub[:len(stub) - len(core)] if stub.endswith(core) else ""
+        old = unique_old_text(stubbed, core, task.body_start_line)
         if old not in seen:
             return None
-        keep = old[:len(old) - len(stub)]        # lines above the stub that made oldText unique
-        test_cmd = test_command(task)
+        keep = old[:len(old) - len(core)]        # lines above the stub that made oldText unique
+        fixed = task.original_body.rstrip("\n")
+        fixed = fixed[len(lead):] if fixed.startswith(lead) else fixed
+        edit_lines = FIX_LINE_LINES if mutation else EDIT_LINES
         if recovery:
             wrong = None
-            for body in wrong_bodies(task, original):
-                candidate = body.rstrip("\n")
-                ep_probe = ep.messages[:]                  # keep the conversation if this body passes
-                ep.call(rng.choice(EDIT_LINES), "edit",
+            for candidate in _wrong_edits(task, original, stubbed):
+                candidate = candidate[len(lead):] if candidate.startswith(lead) else candidate
+                ep_probe = ep.messages[:]                  # keep the conversation if this edit passes
+                ep.call(rng.choice(edit_lines), "edit",
                         {"path": path, "edits": [{"oldText": old, "newText": keep + candidate}]})
                 out = ep.call(rng.choice(TEST_LINES), "bash", {"command": test_cmd})
                 if re.search(r"\b\d+ (failed|error)", out):
                     wrong = candidate
                     break
-                ep.messages = ep_probe                      # that body passed: undo it and try another
+                ep.messages = ep_probe                      # that edit passed: undo it and try another
                 undo = unique_old_text((env.checkout / path).read_text(), candidate, task.body_start_line)
                 env.call_tool("edit", {"path": path, "edits": [
-                    {"oldText": undo, "newText": undo[:len(undo) - len(candidate)] + stub}]})
+                    {"oldText": undo, "newText": undo[:len(undo) - len(candidate)] + core}]})
             if wrong is None:
                 return None
             current = (env.checkout / path).read_text()
             fix_old = unique_old_text(current, wrong, task.body_start_line)
-            fix_new = fix_old[:len(fix_old) - len(wrong)] + task.original_body.rstrip("\n")
+            fix_new = fix_old[:len(fix_old) - len(wrong)] + fixed
             ep.call(rng.choice(FIX_LINES), "edit", {"path": path, "edits": [{"oldText": fix_old, "newText": fix_new}]})
         else:
-            ep.call(rng.choice(EDIT_LINES), "edit",
-                    {"path": path, "edits": [{"oldText": old, "newText": keep + task.original_body.rstrip("\n")}]})
+            ep.call(rng.choice(edit_lines), "edit",
+                    {"path": path, "edits": [{"oldText": old, "newText": keep + fixed}]})
         out = ep.call(rng.choice(TEST_LINES), "bash", {"command": test_cmd})
         if not re.search(r"\b\d+ passed", out) or re.search(r"\b\d+ (failed|error)", out):
             notes.append(f"final test run did not pass: {out[-300:]}")
-        ep.answer(rng.choice(ANSWERS).format(name=name, path=path))
+        answers = FIXED_ANSWERS if mutation else ANSWERS
+        ep.answer(rng.choice(answers).format(name=name, path=path, line=task.body_start_line))
         reward = env.reward()
     calls = sum(1 for m in ep.messages if m["role"] == "tool")
-    return Demonstration(task_id=task.id, variant="recovery" if recovery else "direct", seed=seed,
+    variant = "+".join(k for k, on in (("recovery", recovery), ("tests_first", tests_first),
+                                       ("no_explore", not explore)) if on) or "direct"
+    return Demonstration(task_id=task.id, variant=variant, seed=seed,
                          messages=ep.messages, tools=[dict(t) for t in PI_TOOLS], reward=reward.reward,
                          tool_calls=calls, notes=notes + ([reward.error] if reward.error else []))

@@ -54,6 +54,9 @@ def run_native_episode(episode_url: str, model_id: str, env_actor, env_episode: 
             result = ray.get(env_actor.call_tool.remote(env_episode, call.function.name, call.function.arguments))
             out.tool_calls += 1
             out.tool_failures += int(result.is_error)
+            if call.function.name == "edit":
+                out.edits += 1
+                out.edit_failures += int(result.is_error)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result.content})
         if tokens_used >= cfg.max_episode_tokens:
             out.stop_reason = "token_budget"

@@ -10,5 +10,7 @@ class EpisodeOutcome:
     turns: int = 0          # model calls
     tool_calls: int = 0
     tool_failures: int = 0
+    edits: int = 0          # `edit` calls, and those the tool refused (oldText not the file's text, ...)
+    edit_failures: int = 0
     seconds: float = 0.0
     error: str | None = None

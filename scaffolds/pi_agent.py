@@ -82,6 +82,8 @@ class PiEventStream:
     turns: int = 0
     tool_calls: int = 0
     tool_failures: int = 0
+    edits: int = 0
+    edit_failures: int = 0
     retries: int = 0
     stop_reason: str | None = None
     error_message: str | None = None
@@ -126,6 +128,9 @@ class PiEventStream:
             self.tool_names.append(str(event.get("toolName")))
             if event.get("isError"):
                 self.tool_failures += 1
+            if event.get("toolName") == "edit":
+                self.edits += 1
+                self.edit_failures += int(bool(event.get("isError")))
         elif kind == "auto_retry_start":
             self.retries += 1
 
@@ -395,7 +400,8 @@ def _judge(stream: PiEventStream, ended_by: str | None, exit_code: int | None, s
         if exit_code not in (0, None) and error is None:
             error = f"pi exited {exit_code}; stderr: {stderr_tail.strip()[-500:]}"
     return PiEpisodeOutcome(stop_reason=stop, turns=stream.turns, tool_calls=stream.tool_calls,
-                          tool_failures=stream.tool_failures, seconds=round(seconds, 3), error=error,
+                          tool_failures=stream.tool_failures, edits=stream.edits,
+                          edit_failures=stream.edit_failures, seconds=round(seconds, 3), error=error,
                           events_path=events_path, retries=stream.retries, exit_code=exit_code,
                           final_text=stream.final_text[-2000:])
 

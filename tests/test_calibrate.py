@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from envs.split import load_split, select_tasks, write_band
+from envs.tasks import load_tasks
 from orchestrator.calibrate import BAND_FILE, band_from_records, calibration_tasks, render_band
 from rl.config import ConfigError, load_config
 
@@ -139,8 +140,9 @@ def test_every_level_of_a_function_stays_on_one_side(tmp_path):
     sides = {side: select_tasks(cfg.task, cfg.trainer.seed, tmp_path, side) for side in ("demo", "train", "test")}
     functions = {side: {t.function_key for t in ts} for side, ts in sides.items()}
     assert not functions["demo"] & functions["train"] and not functions["test"] & (functions["demo"] | functions["train"])
-    assert sum(len(t) for t in sides.values()) == 115 and any(len(ts) > 1 for ts in _by_function(sides["train"]))
-    assert 0.75 <= (len(sides["demo"]) + len(sides["train"])) / 115 <= 0.85   # whole functions: near the fraction
+    total = len(load_tasks(REPO / "configs" / "tasks" / "toolz-levels.jsonl"))
+    assert sum(len(t) for t in sides.values()) == total and any(len(ts) > 1 for ts in _by_function(sides["train"]))
+    assert 0.75 <= (len(sides["demo"]) + len(sides["train"])) / total <= 0.85   # whole functions: near the fraction
 
 
 def _by_function(tasks) -> list[list]:
@@ -181,7 +183,6 @@ def test_max_tasks_spreads_over_files_and_functions():
     """calibrate/eval max_tasks take N tasks across the library's files, not the first N ids
     (sorted ids put one module's functions, every level of each, first)."""
     from envs.split import spread
-    from envs.tasks import load_tasks
     tasks = sorted(load_tasks(REPO / "configs" / "tasks" / "toolz-levels.jsonl"), key=lambda t: t.id)
     n_files = len({t.module_path for t in tasks})
     first = tasks[:n_files]

@@ -90,3 +90,27 @@ def test_demonstrations_of_partial_stubs(level):
     with CodingEnv(task, env_cfg().work_root, env_cfg(**DEMO_ENV), uid=UID + 1) as env:
         end = function_end(task, (env.checkout / task.module_path).read_text())
     assert reads and reads[0]["offset"] + reads[0]["limit"] > end
+
+
+@pytest.mark.parametrize("flags", [{}, {"recovery": True}, {"tests_first": True, "explore": False}])
+def test_demonstrations_of_mutants(flags):
+    """A one-token bug: the edit's oldText is the mutant line as the task statement quotes it,
+    its newText the original line; a recovery first tries another one-token change that the
+    tests reject; a tests-first demonstration reads the failing run before anything else."""
+    task = load_tasks(SHIPPED_TASKS / "cachetools-mutation.jsonl")[0]
+    recovery = flags.get("recovery", False)
+    demo = build_demonstration(task, env_cfg(**DEMO_ENV), uid=UID, seed=0, recovery=recovery,
+                               **{k: v for k, v in flags.items() if k != "recovery"})
+    assert demo is not None and demo.reward == 1.0, demo and demo.notes
+    calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for m in demo.messages
+             for c in m.get("tool_calls") or []]
+    observations = [m["content"] for m in demo.messages if m["role"] == "tool"]
+    edits = [args["edits"][0] for name, args in calls if name == "edit"]
+    assert len(edits) == (2 if recovery else 1)
+    assert edits[0]["oldText"] == task.stub_body.strip() and edits[0]["oldText"] in task.problem_statement
+    assert edits[-1]["newText"] == task.original_body.strip()
+    if flags.get("tests_first"):
+        assert calls[0][0] == "bash" and re.search(r"\d+ failed", observations[0])
+        assert calls[1][0] == "read"        # no grep: the statement names the line
+    again, reward = replay(task, demo)
+    assert reward == 1.0

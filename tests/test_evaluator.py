@@ -40,6 +40,26 @@ def test_single_shot_vs_best_of_n_from_records():
     assert s["tool_failure_rate"] == pytest.approx(0.5)
 
 
+def test_pass_at_k_by_level_and_edit_success_from_records():
+    """Levels come from the task ids; pass@k is the unbiased estimator per task, averaged; edits
+    applied are the edit calls the tool did not refuse."""
+    from orchestrator.eval_report import level_rows, task_level
+
+    mut, ret, body = "lib-1:m.py:f:mutation@12", "lib-1:m.py:g:return", "lib-1:m.py:h"
+    assert [task_level(t) for t in (mut, ret, body)] == ["mutation", "return", "body"]
+    records = ([_rec(mut, i, 1.0 if i < 2 else 0.0, edits=1, edit_failures=0) for i in range(4)]
+               + [_rec(ret, i, 0.0, edits=2, edit_failures=2) for i in range(4)]
+               + [_rec(body, i, 1.0 if i == 3 else 0.0) for i in range(4)])
+    s = summarize(records)
+    assert s["by_level"]["mutation"]["pass_at_k"][1] == pytest.approx(0.5)
+    assert s["by_level"]["mutation"]["pass_at_k"][2] == pytest.approx(1 - 1 / 6)   # 1 - C(2,2)/C(4,2)
+    assert s["by_level"]["body"]["pass_at_k"][4] == 1.0 and s["by_level"]["return"]["tasks_passed_at_n"] == 0
+    assert s["edit_success_rate"] == pytest.approx(4 / 12) and s["edit_calls"] == 12
+    rows = {r["level"]: r for r in level_rows("p", records)}
+    assert rows["return"]["edit_success_rate"] == 0.0 and rows["mutation"]["edit_success_rate"] == 1.0
+    assert rows["body"]["edit_success_rate"] is None and rows["body"]["pass@k"] == 1.0
+
+
 def test_log_drops_unfinished_tail_and_rejects_damage(tmp_path):
     path = tmp_path / RECORDS_FILE
     append_record(path, _rec("a", 0, 1.0))

@@ -120,3 +120,49 @@ def test_declared_test_dependency_goes_into_an_overlay_the_reward_uses(tmp_path)
     assert compute_reward(*args, site_overlay=overlay.path).reward == 1.0   # the reference passes
     assert compute_reward(*args).reward == 0.0                               # ... only with the overlay
     shutil.rmtree(checkout)
+
+
+MUT_PKG = {
+    "mut/__init__.py": "",
+    "mut/core.py": ("def clamp(x, hi):\n    if x > hi:\n        return hi\n    return x\n\n\n"
+                    "def describe(x):\n    label = str(x)\n    return label\n\n\n"
+                    "def head(seq):\n    items = list(seq)\n    return items[0]\n"),
+    "tests/test_core.py": ("from mut.core import clamp, describe, head\n\n"
+                           "def test_clamp_low():\n    assert clamp(5, 10) == 5\n\n"
+                           "def test_clamp_high():\n    assert clamp(50, 10) == 10\n\n"
+                           "def test_describe():\n    assert describe(1)\n\n"
+                           "def test_head():\n    assert head([7]) == 7\n\n"
+                           + "".join(f"def test_unrelated_{i}():\n    assert {i} + 1 == {i + 1}\n\n" for i in range(3))),
+}
+
+
+def test_mutants_are_verified_like_stubs(tmp_path):
+    """A one-token mutant is a task only when some test fails on it, the rest pass, and the
+    failure compares expected with actual: clamp's mutants are kept; describe's only mutant
+    (`return x`) passes its test and is refused; head's (`items[1]`) only raises IndexError."""
+    from envs.stubs import candidates
+
+    tree = _tree(tmp_path, MUT_PKG)
+    cands = {(c.qualname, c.operator): c for c in candidates(tree, ["mut"], "", ("mutation",))}
+    assert ("describe", "wrong_return") in cands and ("head", "off_by_one") in cands, cands
+    info = SdistInfo("mut", "1.0", "mut-1.0.tar.gz", "0" * 64, "file:///none")
+    tasks, report = mine_tree(info, tree, work_root=WORK_ROOT, uid_base=63030, workers=1, timeout_s=120,
+                              levels=("mutation",))
+    assert tasks and {t.qualname for t in tasks} == {"clamp"}, report
+    unrelated = [f"tests/test_core.py::test_unrelated_{i}" for i in range(3)]
+    for t in tasks:
+        assert t.level == "mutation" and t.body_start_line == t.body_end_line and t.id.endswith(f"@{t.body_start_line}")
+        assert t.stub_body != t.original_body and t.stub_body.strip() in t.problem_statement
+        assert set(t.fail_to_pass) <= {"tests/test_core.py::test_clamp_low", "tests/test_core.py::test_clamp_high"}
+        assert set(unrelated) <= set(t.pass_to_pass) and "tests/test_core.py::test_describe" in t.pass_to_pass
+    task = tasks[0]
+    checkout = Path(WORK_ROOT) / f"mutant-checkout-{tmp_path.name}"
+    import shutil
+    shutil.copytree(tree, checkout)
+    original = (tree / task.module_path).read_text()
+    (checkout / task.module_path).write_text(task.stubbed_source(original))
+    args = (task, checkout, tree, Path(WORK_ROOT), 63031, Limits(), 120.0, 10.0)
+    assert compute_reward(*args).reward < 1.0                  # the mutant fails its tests
+    (checkout / task.module_path).write_text(original)
+    assert compute_reward(*args).reward == 1.0                 # the one-line fix passes
+    shutil.rmtree(checkout)

@@ -83,7 +83,8 @@ def test_levels_filter_and_unknown_level(tree):
 
 
 def _task(c, source: str) -> Task:
-    return Task(id=f"pkg:{c.qualname}:{c.level}", library="pkg", version="1", sdist_filename="x", sdist_sha256="0",
+    suffix = f"@{c.start}" if c.level == "mutation" else ""
+    return Task(id=f"pkg:{c.qualname}:{c.level}{suffix}", library="pkg", version="1", sdist_filename="x", sdist_sha256="0",
                 sdist_url="u", module_path=c.module_path, qualname=c.qualname, body_start_line=c.start,
                 body_end_line=c.end, original_body=c.body, stub_body=stub_for(c), fail_to_pass=["t"],
                 pass_to_pass=[], test_command=[], problem_statement=problem_statement(c), level=c.level)

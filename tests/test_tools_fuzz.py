@@ -68,6 +68,8 @@ ISSUE_CASES = [
     ("bash", {"command": "head -c 100M /dev/zero > big"}, "SIGXFSZ: a file reached the 16 MiB file size limit"),
     ("bash", "[" * 100_000, "nested too deeply"),
     ("bash", {"command": "sleep 5", "timeout": 0.5}, "(the time limit)"),
+    ("bash", {"command": "true", "timeout": 0}, "must be a positive number of seconds, got 0"),
+    ("bash", {"command": "true", "timeout": -3}, "must be a positive number of seconds, got -3"),
 ]
 
 
