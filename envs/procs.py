@@ -40,6 +40,12 @@ def _uid_processes(uid: int) -> list[tuple[int, str, int]]:
     return out
 
 
+def stopped_processes(uid: int) -> list[int]:
+    """Processes of `uid` stopped by a signal (SIGSTOP, SIGTSTP, ...): nothing inside the
+    sandbox can continue them, so a run waiting on one would wait for its whole time limit."""
+    return [pid for pid, state, _ in _uid_processes(uid) if state == "T"]
+
+
 def processes_of_uid(uid: int) -> list[int]:
     """Processes whose real uid is `uid`, zombies included: they hold RLIMIT_NPROC slots."""
     return [pid for pid, _, _ in _uid_processes(uid)]

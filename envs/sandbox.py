@@ -32,6 +32,7 @@ from envs.procs import (  # noqa: F401  (re-exported)
     kill_uid,
     processes_of_uid,
     reap_orphans,
+    stopped_processes,
     seccomp_program,
 )
 from rl.paths import rlvr_home
@@ -40,6 +41,7 @@ INSIDE_REPO = "/repo"           # where the checkout appears inside the sandbox
 INSIDE_TMP = "/tmp"
 INSIDE_SITE = "/rlvr/site"      # a task's test-dependency overlay (envs/testdeps.py), on PYTHONPATH
 _MIB = 1024 * 1024
+STOPPED_TICKS = 2               # quiet seconds with a stopped process before a run is ended
 _ARGV_COMMAND_MAX = 100_000     # bytes of a command passed as bash -c's argument
 
 # Read-only system paths every sandbox sees. /etc is not bound whole: only what programs
@@ -199,6 +201,7 @@ class Sandbox:
         tail = bytearray()
         total = 0
         timed_out = limit_hit = False
+        stopped_ticks = 0
         deadline = start + timeout_s
         fd = proc.stdout.fileno()
         try:
@@ -208,7 +211,12 @@ class Sandbox:
                     timed_out = True
                     break
                 ready, _, _ = select.select([fd], [], [], min(left, 1.0))
-                if not ready:
+                if not ready:   # quiet: a process that stopped itself is ended now, not at the deadline
+                    stopped_ticks = stopped_ticks + 1 if stopped_processes(self.uid) else 0
+                    if stopped_ticks >= STOPPED_TICKS:
+                        timed_out = True
+                        tail += b"\n[a process of the command stopped itself (SIGSTOP or SIGTSTP); the command was ended]\n"
+                        break
                     continue
                 chunk = os.read(fd, 1 << 16)
                 if not chunk:

@@ -106,6 +106,23 @@ def audit_allowances(reference: ast.FunctionDef | ast.AsyncFunctionDef | None) -
     return tuple(f"object.__getattr__ {a}" for a in sorted(attrs))
 
 
+def _rebinding(qualname: str, tree: ast.Module, new_imports: list[ast.stmt]) -> list[str]:
+    """The target is what is scored: a new import that binds the name the tests import (the
+    function, or the class of a method), or that runs after the target is defined, would make
+    that name resolve to other code than the edited body."""
+    top = qualname.split(".")[0]
+    defined = next((n.lineno for n in tree.body if getattr(n, "name", None) == top), None)
+    out = []
+    for node in new_imports:
+        bound = {(a.asname or a.name).split(".")[0] for a in node.names}
+        if top in bound:
+            out.append(f"a new import binds `{top}` (line {node.lineno}): the tests would import it, not the edited "
+                       f"{qualname}")
+        elif defined is not None and node.lineno > defined:
+            out.append(f"a new import (line {node.lineno}) comes after `{top}` is defined: new imports go at the top")
+    return out
+
+
 def screen(task: Task, submitted: str, stubbed: str, original: str) -> Screen:
     """Check the agent's target module against the stubbed one (see the module docstring)."""
     try:
@@ -128,6 +145,7 @@ def screen(task: Task, submitted: str, stubbed: str, original: str) -> Screen:
         flags.append(f"{task.module_path} changed outside the body of {task.qualname} (only the body "
                      "and new imports at the top may change; a docstring with doctests stays)")
     new_imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) and ast.dump(n) in added_imports]
+    flags += _rebinding(task.qualname, tree, new_imports)
     ref_fn = find_function(ast.parse(original), task.qualname)
     allowed = _uses(ref_fn) if ref_fn is not None else set()
     bad = sorted((_uses(fn) | set().union(*map(_uses, new_imports))) - allowed)

@@ -135,6 +135,16 @@ def test_wall_clock_kills_everything(box):
     assert processes_of_uid(UID) == []
 
 
+def test_a_command_that_stops_itself_is_ended_promptly(box):
+    """SIGSTOP (a body that stops its own process): nothing in the sandbox can continue it, so
+    the run ends within seconds instead of at its time limit."""
+    start = time.monotonic()
+    res = box.run("echo before; python3 -c 'import os, signal; os.kill(os.getpid(), signal.SIGSTOP)'", 60)
+    assert res.timed_out and "stopped itself" in res.output and "before" in res.output
+    assert time.monotonic() - start < 10
+    assert processes_of_uid(UID) == []
+
+
 def test_background_processes_die_with_the_command(box):
     res = box.run("setsid sleep 100 & (sleep 100 &); echo started", 10)
     assert res.exit_code == 0 and "started" in res.output and not res.timed_out

@@ -111,6 +111,17 @@ def test_partial_stubs_pass_the_target_function_screen(tree):
     added = MODULE.replace("        base = self.w", '        """Volume."""\n        base = self.w')
     assert screen(t, added, t.stubbed_source(MODULE), MODULE).flags == []   # a new docstring is fine
 
+    # the name the tests import must stay the edited function: no new import binding it, none after it
+    t = _task(next(c for c in candidates(tree, ["pkg"]) if c.qualname == "area"), MODULE)
+    stubbed = t.stubbed_source(MODULE)
+    assert screen(t, MODULE.replace("import math\n", "import math\nimport os\n"), stubbed, MODULE).flags == []
+    rebound = MODULE.replace("import math\n", "import math\nfrom statistics import mean as area\n")
+    assert any("binds `area`" in f for f in screen(t, rebound, stubbed, MODULE).flags)
+    late = MODULE.replace("\n\nclass Box:", "\nfrom collections import Counter as area\n\nclass Box:")
+    assert any("binds `area`" in f for f in screen(t, late, stubbed, MODULE).flags)
+    after = MODULE.replace("\n\nclass Box:", "\nimport os\n\nclass Box:")
+    assert any("comes after `area`" in f for f in screen(t, after, stubbed, MODULE).flags)
+
 
 def test_task_records_carry_their_level():
     c = next(c for c in candidates_from(MODULE) if c.level == "branch")
