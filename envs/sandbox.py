@@ -32,8 +32,8 @@ from envs.procs import (  # noqa: F401  (re-exported)
     kill_uid,
     processes_of_uid,
     reap_orphans,
-    stopped_processes,
     seccomp_program,
+    stopped_processes,
 )
 from rl.paths import rlvr_home
 

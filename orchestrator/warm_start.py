@@ -25,6 +25,9 @@ from rl.jsonl import append_durable, read_complete
 from rl.sft import run_sft
 
 DEMOS_FILE = "demos.jsonl"
+# demonstrations run as uids above the episode slots': an evaluation or calibration on the same
+# host (env.sandbox_uid_base + i) would otherwise kill the demonstrations' processes, and they its
+DEMO_UID_OFFSET = 500
 ROWS_FILE = "rows.jsonl"          # the kept demonstrations tokenized in the serving format
 ROWS_META = "rows.meta.json"      # which demonstrations (their hash) and tokenizer the rows came from
 
@@ -50,7 +53,7 @@ def build_demos(cfg: RunConfig, tasks: list[Task], out: Path, workers: int = 2) 
             slot = slots.pop()
         try:
             flags = variant_flags(k, ws.recovery_fraction)
-            demo = build_demonstration(task, cfg.env, uid=cfg.env.sandbox_uid_base + slot, seed=k,
+            demo = build_demonstration(task, cfg.env, uid=cfg.env.sandbox_uid_base + DEMO_UID_OFFSET + slot, seed=k,
                                        recovery=flags.pop("recovery", False), **flags)
             record = (asdict(demo) if demo is not None else
                       {"task_id": task.id, "seed": k, "variant": "recovery", "reward": None,

@@ -27,8 +27,6 @@ def default_model_dir() -> Path:
 
 
 ADAPTER_BASE_FILE = "base_model.txt"   # beside a shipped adapter: the `model.path` it was trained on
-# the warm-start the repository ships (configs/warm_start/README.md): `model.path` can name it
-SHIPPED_WARM_START = Path(__file__).resolve().parent.parent / "configs" / "warm_start" / "smollm2-135m"
 
 
 def resolve_model_path(path: str) -> str:

@@ -125,7 +125,7 @@ def test_declared_test_dependency_goes_into_an_overlay_the_reward_uses(tmp_path)
 MUT_PKG = {
     "mut/__init__.py": "",
     "mut/core.py": ("def clamp(x, hi):\n    if x > hi:\n        return hi\n    return x\n\n\n"
-                    "def describe(x):\n    label = str(x)\n    return label\n\n\n"
+                    "def describe(obj):\n    label = str(obj)\n    return label\n\n\n"
                     "def head(seq):\n    items = list(seq)\n    return items[0]\n"),
     "tests/test_core.py": ("from mut.core import clamp, describe, head\n\n"
                            "def test_clamp_low():\n    assert clamp(5, 10) == 5\n\n"
@@ -139,7 +139,7 @@ MUT_PKG = {
 def test_mutants_are_verified_like_stubs(tmp_path):
     """A one-token mutant is a task only when some test fails on it, the rest pass, and the
     failure compares expected with actual: clamp's mutants are kept; describe's only mutant
-    (`return x`) passes its test and is refused; head's (`items[1]`) only raises IndexError."""
+    (`return obj`) passes its test and is refused; head's (`items[1]`) only raises IndexError."""
     from envs.stubs import candidates
 
     tree = _tree(tmp_path, MUT_PKG)

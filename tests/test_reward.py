@@ -157,6 +157,6 @@ def test_partial_stubs_score_like_whole_body_stubs(level):
         r = env.reward()
         assert r.reward == 1.0 and not r.flags, (r.error, r.flags)
     with episode(task) as env:   # the hole filled with a wrong line: the F2P tests fail
-        replace_body(env, task.stub_body.replace("raise NotImplementedError(", "print(", 1))
+        replace_body(env, task.stub_body.replace("raise NotImplementedError", "print('hole')", 1))
         r = env.reward()
         assert r.reward < 1.0 and not r.flags, (r.reward, r.error, r.flags)
