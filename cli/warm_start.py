@@ -23,7 +23,7 @@ def main(args) -> int:
 
         command = " ".join(["rlvr warm-start", *([args.config] if args.config else []), *(args.overrides or []),
                             *(["--run-dir", args.run_dir] if args.run_dir else [])])
-        dest = ship(cfg, run_dir, Path(args.ship), command)
+        dest = ship(cfg, run_dir, Path(args.ship), command, [Path(d) for d in args.heldout])
         print(f"shipped: {dest} (model.path={dest})")
     return 0
 
@@ -37,4 +37,7 @@ def register(sub) -> None:
                                                               "and stop (SFT them later, e.g. on a CUDA host)")
     p.add_argument("--ship", metavar="DEST", help="copy the trained adapter to DEST with a manifest (demo set hash, "
                                                   "SFT settings and figures, this command): a folder model.path names")
+    p.add_argument("--heldout", action="append", default=[], metavar="EVAL_DIR",
+                   help="with --ship: a held-out `rlvr eval --out` folder of this warm-start whose figures the "
+                        "manifest keeps (repeatable)")
     p.set_defaults(func=main)

@@ -120,9 +120,8 @@ def warm_start(cfg: RunConfig, folder: Path, train_tasks: list[Task], demos_only
         return folder / DEMOS_FILE
     if cfg.warm_start.max_rows is not None and cfg.warm_start.max_rows < len(rows):
         rows = random.Random(cfg.warm_start.seed).sample(rows, cfg.warm_start.max_rows)
-    kept = {d["task_id"] for d in demos if d.get("reward") == 1.0}
-    print(f"[warm-start] {len(rows)} demonstration rows from {len(kept)} of {len(train_tasks)} demonstrated tasks",
-          flush=True)
+    print(f"[warm-start] {len(rows)} demonstration rows from {len({r['task_id'] for r in rows})} of "
+          f"{len(train_tasks)} demonstrated tasks", flush=True)
     train_ids = {t.id for t in train_tasks}
     for hdir in cfg.warm_start.harvest_dirs:
         from orchestrator.harvest import harvest_rows
@@ -157,10 +156,24 @@ def run_warm_start(cfg: RunConfig, run_dir: Path, demos_only: bool = False) -> P
 MANIFEST = "manifest.json"
 
 
-def ship(cfg: RunConfig, run_dir: Path, dest: Path, command: str) -> Path:
+def heldout_figures(eval_dir: Path) -> dict:
+    """The figures of one held-out evaluation (`rlvr eval --out eval_dir`) that a manifest keeps."""
+    summary = json.loads((Path(eval_dir) / "summary.json").read_text())
+    k = summary["samples_per_task"]
+    return {"eval_dir": str(eval_dir), "tasks": summary["tasks"], "k": k, "episodes": summary["episodes"],
+            "pass_at_1": summary["pass_at_k"]["1"], f"pass_at_{k}": summary["pass_at_k"][str(k)],
+            "edit_success_rate": summary.get("edit_success_rate"),
+            "tool_failure_rate": summary.get("tool_failure_rate"),
+            "by_level": {lvl: {"tasks": v["tasks"], "tasks_passed_at_n": v["tasks_passed_at_n"],
+                               "pass_at_1": v["pass_at_k"]["1"], f"pass_at_{k}": v["pass_at_k"][str(k)]}
+                         for lvl, v in summary.get("by_level", {}).items()}}
+
+
+def ship(cfg: RunConfig, run_dir: Path, dest: Path, command: str, heldout: list[Path] = ()) -> Path:
     """Copy a finished warm-start's adapter to `dest` (a folder `model.path` can name) beside a
     manifest: the demonstration set's hash and counts, which tasks it demonstrated, the SFT
-    settings and figures, and the command that regenerates it."""
+    settings and figures, the held-out evaluations of it (`heldout`), and the command that
+    regenerates it."""
     folder = folder_for(cfg, run_dir)
     sft = folder / sft_folder_name(cfg)
     done = sft / "sft_done.json"
@@ -181,6 +194,7 @@ def ship(cfg: RunConfig, run_dir: Path, dest: Path, command: str) -> Path:
         "warm_start_config": cfg.warm_start.model_dump(),
         "tasks_file": cfg.task.tasks_file, "split_seed": cfg.trainer.seed,
         "split": {side: split.get(side, []) for side in ("demo", "train", "test")},
+        "heldout": [heldout_figures(d) for d in heldout],
     }
     (dest / MANIFEST).write_text(json.dumps(manifest, indent=1))
     print(f"[warm-start] shipped {sft / 'adapter'} -> {dest} ({MANIFEST} beside it)", flush=True)

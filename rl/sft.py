@@ -93,7 +93,9 @@ def run_sft(rows: list[dict], model_path: str, cfg: WarmStartConfig, out_dir: st
             model_cfg: ModelConfig | None = None) -> Path:
     """Train LoRA on `rows` ({"input_ids", "assistant_masks"}) and write the merged model.
 
-    Returns the merged folder; if it is already complete (`sft_done.json`), returns it as is.
+    Returns the merged folder; if it is already complete (`sft_done.json`), returns it as is, or
+    the adapter folder where only that came back (an SFT run on another host): `model.path` takes
+    either.
     """
     import torch
     from datasets import Dataset
@@ -105,6 +107,8 @@ def run_sft(rows: list[dict], model_path: str, cfg: WarmStartConfig, out_dir: st
     merged = out / MODEL_DIR
     if (out / DONE_FILE).exists() and (merged / "config.json").exists():
         return merged
+    if (out / DONE_FILE).exists() and (out / ADAPTER_DIR / "adapter_config.json").exists():
+        return out / ADAPTER_DIR
     if not rows:
         raise ValueError("no SFT rows: the warm-start needs at least one verified demonstration or harvested episode")
     out.mkdir(parents=True, exist_ok=True)
