@@ -186,13 +186,14 @@ def select_tasks(task_cfg: TaskConfig, seed: int, split_dir: str | Path, side: s
     if task_cfg.levels and not any(t.level in task_cfg.levels for t in tasks):
         raise ConfigError(f"{tasks_file} holds no task of level(s) {task_cfg.levels}; "
                           "`rlvr tasks info` lists its levels")
-    if task_cfg.levels and not trained_split:   # a new split is made of those levels only
+    reuse = trained_split or bool(task_cfg.levels and (Path(split_dir) / SPLIT_FILE).exists())
+    if task_cfg.levels and not reuse:           # a new split is made of those levels only
         tasks = [t for t in tasks if t.level in task_cfg.levels]
     if task_cfg.max_tasks:
         tasks = tasks[:task_cfg.max_tasks]
-    if trained_split:
+    if reuse:
         split = load_split(split_dir)
-        if side == "test":
+        if side == "test" and trained_split:
             assert_not_trained_on(split_dir, split.test)
     else:
         split = write_split(split_dir, tasks, task_cfg.train_fraction, seed, task_cfg.demo_fraction)
@@ -217,6 +218,6 @@ def select_tasks(task_cfg: TaskConfig, seed: int, split_dir: str | Path, side: s
         raise ConfigError(f"no training tasks in {tasks_file} after the split; raise task.max_tasks "
                           "or task.train_fraction")
     chosen = [by_id[i] for i in ids]
-    if task_cfg.levels and trained_split:        # a run's split, narrowed to some levels (an evaluation by level)
+    if task_cfg.levels and reuse:                # a run's split, narrowed to some levels
         chosen = [t for t in chosen if t.level in task_cfg.levels]
     return chosen

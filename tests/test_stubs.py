@@ -176,3 +176,19 @@ def test_task_levels_filter_selects_before_the_split(tmp_path):
     save_tasks([_task(c, MODULE) for c in cands if c.level == "body"], bodies)
     with pytest.raises(ConfigError, match="no task of level"):
         select_tasks(TaskConfig(tasks_file=str(bodies), levels=["statement"]), 0, tmp_path / "run2", "train")
+
+
+def test_task_levels_narrow_a_split_made_of_every_level(tmp_path):
+    """Calibrating one level of a run whose split holds all levels reads that split (no new one)."""
+    from envs.split import load_split, select_tasks
+    from envs.tasks import save_tasks
+    from rl.config import TaskConfig
+    cands = candidates_from(MODULE)
+    path = tmp_path / "mixed.jsonl"
+    save_tasks([_task(c, MODULE) for c in cands], path)
+    every = select_tasks(TaskConfig(tasks_file=str(path)), 0, tmp_path / "run", "train")
+    before = load_split(tmp_path / "run")
+    narrowed = select_tasks(TaskConfig(tasks_file=str(path), levels=["return"]), 0, tmp_path / "run", "train")
+    assert narrowed and {t.level for t in narrowed} == {"return"}
+    assert [t.id for t in narrowed] == [t.id for t in every if t.level == "return"]
+    assert load_split(tmp_path / "run") == before
