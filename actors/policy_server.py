@@ -43,7 +43,7 @@ try:
 except ImportError:
     VLLMClientError = ValueError
 
-from actors.chat_format import continuation_ids, render_prompt
+from actors.chat_format import assistant_text, continuation_ids, render_prompt
 from actors.engine import Policy, sampled_logprobs, scored_logprobs
 from actors.http_thread import ThreadedServer
 from actors.tool_parsers import ToolCallFormat, unparsed
@@ -64,6 +64,17 @@ class CallRecorder:
         self._lock = threading.Lock()
         self._calls: dict[str, list[CallRecord]] = {}
         self._last: dict[str, list[int]] = {}
+        self._scripts: dict[str, list[dict]] = {}   # episode -> the rescue prefix's turns not yet served
+
+    def script(self, episode_id: str, messages: list[dict]) -> None:
+        """The episode's first len(messages) calls are answered with these assistant messages."""
+        with self._lock:
+            self._scripts[episode_id] = list(messages)
+
+    def next_scripted(self, episode_id: str) -> dict | None:
+        with self._lock:
+            pending = self._scripts.get(episode_id)
+            return pending.pop(0) if pending else None
 
     def add(self, episode_id: str, records: list[CallRecord]) -> None:
         with self._lock:
@@ -80,6 +91,7 @@ class CallRecorder:
     def take(self, episode_id: str) -> list[CallRecord]:
         with self._lock:
             self._last.pop(episode_id, None)
+            self._scripts.pop(episode_id, None)
             return self._calls.pop(episode_id, [])
 
 
@@ -151,6 +163,9 @@ class PolicyServer:
                 request, prompt_ids, params, n = self.prepare(body, episode_id)
             except BadRequest as e:
                 return _error(400, str(e))
+            scripted = self.recorder.next_scripted(episode_id)
+            if scripted is not None:
+                return self._scripted(episode_id, body, request, prompt_ids, scripted)
             if request.stream:
                 return StreamingResponse(self._stream(episode_id, request, prompt_ids, params, n),
                                          media_type="text/event-stream")
@@ -191,6 +206,52 @@ class PolicyServer:
         params = request.to_sampling_params(max_tokens, {})
         params.output_kind = RequestOutputKind.DELTA
         return request, prompt_ids, params, n
+
+    def _scripted(self, episode_id: str, body: dict, request: ChatCompletionRequest, prompt_ids: list[int],
+                  message: dict):
+        """A rescue prefix's turn: the demonstration's assistant message instead of a sample.
+
+        It is recorded as the tokens the model emits for that message in the serving format
+        (`scripted`: the assembled sequence keeps them, with loss mask 0) and sent as if
+        generated, so the client runs its tool calls for real and the next prompt, which
+        holds them, continues these tokens verbatim."""
+        t0 = time.time()
+        messages = [*body["messages"], message]
+        _, text = assistant_text(self.tokenizer, messages, body.get("tools"), len(messages) - 1)
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        tool_calls = [dict(tc) for tc in message.get("tool_calls") or []]
+        finish = "tool_calls" if tool_calls else "stop"
+        content = message.get("content") or ""
+        self.recorder.add(episode_id, [CallRecord(
+            prompt_token_ids=list(prompt_ids), completion_token_ids=ids, logprobs=[0.0] * len(ids),
+            finish_reason=finish, content=content, tool_calls=tool_calls, seconds=time.time() - t0, scripted=True)])
+        model = request.model or self.policy.model_name
+        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids),
+                 "total_tokens": len(prompt_ids) + len(ids)}
+        if not request.stream:
+            return JSONResponse({"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+                                 "created": int(t0), "model": model, "usage": usage,
+                                 "choices": [{"index": 0, "finish_reason": finish, "message": {
+                                     "role": "assistant", "content": content, "tool_calls": tool_calls}}]})
+
+        def chunk(delta: dict, finish_reason: str | None = None, **extra) -> str:
+            return "data: " + json.dumps({"id": f"chatcmpl-{episode_id}", "object": "chat.completion.chunk",
+                                          "created": int(t0), "model": model, **extra, "choices": [
+                                              {"index": 0, "delta": delta, "finish_reason": finish_reason}]}) + "\n\n"
+
+        calls = [{"index": i, **tc} for i, tc in enumerate(tool_calls)]
+        parts = [chunk({"role": "assistant", "content": ""}), chunk({"content": content} if content else {}),
+                 *([chunk({"tool_calls": calls})] if calls else []), chunk({}, finish)]
+        if request.stream_options is not None and request.stream_options.include_usage:
+            parts.append("data: " + json.dumps({"id": f"chatcmpl-{episode_id}", "object": "chat.completion.chunk",
+                                                "model": model, "choices": [], "usage": usage}) + "\n\n")
+        parts.append("data: [DONE]\n\n")
+
+        async def stream():
+            for part in parts:
+                yield part
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
 
     def continuation_ids(self, episode_id: str | None, text: str) -> list[int]:
         """Token ids for a rendered prompt, reusing the episode's previous call verbatim

@@ -224,6 +224,12 @@ class RolloutWorker:
             self._server.start()
         return self._server.base_url
 
+    def script_episode(self, episode_id: str, messages: list[dict]) -> None:
+        """Answer the episode's first calls with these assistant messages (a rescue prefix)."""
+        if self._server is None:
+            raise RuntimeError("script_episode: start_server() was never called on this worker")
+        self._server.recorder.script(episode_id, messages)
+
     def take_episode_calls(self, episode_id: str) -> list[CallRecord]:
         if self._server is None:
             raise RuntimeError("take_episode_calls: start_server() was never called on this worker")

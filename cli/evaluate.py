@@ -103,6 +103,20 @@ def served_adapter(args, cfg: RunConfig) -> str | None:
     return adapter
 
 
+def run_step_served(args, cfg: RunConfig) -> int | None:
+    """The training step whose policy this evaluation served, for the run's reward curve: its
+    latest checkpoint (the run's adapter), 0 for the model it started from, None otherwise."""
+    if not args.run_dir or args.split != "test" or not Path(args.run_dir, "config.yaml").is_file():
+        return None
+    from orchestrator.checkpoint import latest_checkpoint
+
+    if args.adapter == "none":
+        started = load_config(Path(args.run_dir) / "config.yaml").model.path
+        return 0 if started == cfg.model.path else None
+    found = latest_checkpoint(Path(args.run_dir))
+    return found[0] if found is not None and not args.adapter else None
+
+
 def eval_command(args) -> int:
     # heavy (ray, torch, vLLM's protocol): only the subcommand that serves a model imports them
     import ray
@@ -125,6 +139,12 @@ def eval_command(args) -> int:
     env_actors = spawn_env_actors(cfg, tasks=tasks, scaffold=cfg.eval.scaffold)
     evaluator = spawn_evaluator(cfg, str(out))
     summary = ray.get(evaluator.run.remote(tasks, base_url, cfg.eval.model_id, env_actors, worker))
+    step = run_step_served(args, cfg)
+    if step is not None:
+        from orchestrator.plots import record_heldout_point
+
+        pass_at = summary["pass_at_k"]
+        record_heldout_point(args.run_dir, step, pass_at.get(1, pass_at.get("1", 0.0)), out)
     print(render_markdown(summary, f"{cfg.eval.scaffold} eval (k={cfg.eval.k})"))
     print(f"[rlvr eval] raw records, summary.json, report.md, report.png in {out}")
     ray.get([a.shutdown.remote() for a in env_actors])

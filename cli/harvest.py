@@ -24,6 +24,9 @@ def register(sub) -> None:
     p.add_argument("--model", help="the endpoint's model name (required with --base-url)")
     p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the endpoint's key")
     p.add_argument("-k", type=int, help="episodes per task (default eval.k)")
+    p.add_argument("--side", choices=("demo", "train"), default="demo",
+                   help="which training tasks: the demonstrated ones (default), or those calibration and GRPO "
+                        "use (with task.band_file, the band): a rejection-sampling round on GRPO's own tasks")
     p.set_defaults(func=harvest_command)
 
 
@@ -36,7 +39,7 @@ def harvest_command(args) -> int:
     cfg.eval.scaffold = cfg.scaffold.name      # harvest in the scaffold the run trains in
     run_dir = Path(args.run_dir or cfg.trainer.run_dir)
     out = Path(args.out or run_dir / "harvest")
-    tasks = select_tasks(cfg.task, cfg.trainer.seed, run_dir, "demo")
+    tasks = select_tasks(cfg.task, cfg.trainer.seed, run_dir, args.side)
     import ray  # heavy: only once the config is good
 
     from orchestrator.cluster import spawn_env_actors, spawn_evaluator, start_policy, start_recording_proxy

@@ -75,6 +75,9 @@ def final_table(run_dir: str | Path, records: list[dict], elapsed_s: float) -> s
         best = max(rewards, key=lambda sr: sr[1])
         rows.append(("reward_mean", f"{rewards[0][1]:.3f} (step {rewards[0][0]}) -> {rewards[-1][1]:.3f} "
                                     f"(step {rewards[-1][0]}); best {best[1]:.3f} at step {best[0]}"))
+    band = band_change(records)
+    if band:
+        rows.append(("band reward", band))
     ckpts = sorted((run_dir / "checkpoints").glob("step_*")) if (run_dir / "checkpoints").is_dir() else []
     files = [("metrics", run_dir / "metrics.jsonl"), ("plot", run_dir / "reward_curve.png"),
              ("trace", run_dir / "trace.jsonl"),
@@ -86,6 +89,19 @@ def final_table(run_dir: str | Path, records: list[dict], elapsed_s: float) -> s
     width = max(len(k) for k, _ in rows)
     rule = "-" * (width + 2 + max(len(v) for _, v in rows))
     return "\n".join([rule, *(f"{k.ljust(width)}  {v}" for k, v in rows), rule])
+
+
+def band_change(records: list[dict], n: int = 3) -> str | None:
+    """The band's mean reward (each step's fixed draws, unrescued) over the first n steps against
+    the last n, with the standard error of that difference from the steps' own spread (which
+    holds both the sampling noise and the change of task from step to step)."""
+    vals = [r["band/reward_mean"] for r in records if isinstance(r.get("band/reward_mean"), (int, float))]
+    if len(vals) < 2 * n:
+        return None
+    first, last = vals[:n], vals[-n:]
+    se = (statistics.variance(first) / n + statistics.variance(last) / n) ** 0.5
+    return (f"first {n} steps {statistics.fmean(first):.3f} -> last {n} {statistics.fmean(last):.3f} "
+            f"({statistics.fmean(last) - statistics.fmean(first):+.3f} +- {se:.3f} s.e. from the steps' spread)")
 
 
 def actor_log_tails(run_dir: str | Path, lines: int = FAILURE_TAIL_LINES) -> str:

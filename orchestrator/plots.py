@@ -1,9 +1,23 @@
 """Reward-curve PNG next to a run's metrics."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from orchestrator.metrics import read_metrics
+from rl.jsonl import read_complete
+
+HELDOUT_FILE = "heldout.jsonl"   # one line per held-out evaluation of the run: step, pass@1, its folder
+
+
+def record_heldout_point(run_dir: str | Path, step: int, pass_at_1: float, eval_dir: str | Path) -> None:
+    """A held-out evaluation of the run's policy at `step` (0: the model it started from), drawn
+    on its reward curve; a later evaluation into the same folder replaces the earlier one."""
+    path = Path(run_dir) / HELDOUT_FILE
+    kept = [p for p in read_complete(path) if p["eval_dir"] != str(eval_dir)]
+    path.write_text("".join(json.dumps(p) + "\n" for p in
+                            [*kept, {"step": step, "pass@1": pass_at_1, "eval_dir": str(eval_dir)}]))
+    plot_reward_curve(run_dir)
 
 
 def plot_reward_curve(run_dir: str | Path) -> Path | None:
@@ -23,6 +37,11 @@ def plot_reward_curve(run_dir: str | Path) -> Path | None:
     if any("band/reward_mean" in r for r in records):
         axes[0].plot(steps, [r.get("band/reward_mean", float("nan")) for r in records], marker="s", ls="--",
                      label="band reward mean (fixed draws)")
+        axes[0].legend(fontsize=8)
+    heldout = read_complete(Path(run_dir) / HELDOUT_FILE)
+    if heldout:   # held-out evaluations of this run's start (step 0) and trained policies
+        axes[0].plot([p["step"] for p in heldout], [p["pass@1"] for p in heldout], "*", ms=12, color="tab:red",
+                     label="held-out pass@1 (rlvr eval --run-dir)")
         axes[0].legend(fontsize=8)
     axes[0].set_xlabel("step"); axes[0].set_ylabel("reward"); axes[0].set_title("reward (served policy samples)")
     for key in ("frac_edited", "tools/failure_frequency", "clipped_ratio", "frac_reward_zero_std"):

@@ -166,8 +166,15 @@ def check_pi(cfg: RunConfig, cli: Path, node: str | None, node_version: str | No
 def check_model(path: str, tools: list[dict]) -> tuple[Check, CheckpointLayout | None]:
     """The folder loads and its chat template renders the tools (names inside the prompt)."""
     from rl.config import DEFAULT_MODEL
-    from rl.default_model import default_model_dir
+    from rl.default_model import ADAPTER_BASE_FILE, default_model_dir
 
+    if Path(path, "adapter_config.json").is_file():   # a shipped warm-start: merged onto its base on first use
+        base_file = Path(path, ADAPTER_BASE_FILE)
+        if not base_file.is_file():
+            return Check("model", "fail", f"{path}: a LoRA adapter folder without {ADAPTER_BASE_FILE}",
+                         f"write the base's model.path into {base_file}"), None
+        check, layout = check_model(base_file.read_text().strip(), tools)
+        return Check("model", check.status, f"LoRA adapter {path} on {check.detail}", check.fix), layout
     if path == DEFAULT_MODEL:
         folder = default_model_dir()
         if not (folder / "config.json").is_file():

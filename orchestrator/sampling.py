@@ -18,6 +18,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from orchestrator.episode_store import EpisodeStore
+from orchestrator.rescue import prefix_calls_now, rescue_history
 from orchestrator.rollouts.base import Episode, GroupSpec, Rollouts
 from rl.advantages import group_ties, shape_reward
 from rl.config import RunConfig
@@ -66,6 +67,7 @@ class StepGroups:
     kept: list[str]                         # the groups that train
     tol: float = 0.0                        # reward spread at or below which a group ties
     reused: set[str] = field(default_factory=set)  # finished by a killed run, not rolled out now
+    rescued: set[str] = field(default_factory=set)  # started from a demonstration's first calls
 
     def metrics(self) -> dict:
         sampled = list(self.groups)
@@ -74,7 +76,9 @@ class StepGroups:
         return {
             "sampling/groups_sampled": len(sampled),
             "sampling/groups_kept": len(self.kept),
-            "sampling/extra_groups": len(sampled) - len(self.base),
+            "sampling/extra_groups": len(sampled) - len(self.base) - len(self.rescued),
+            "sampling/rescued_groups": len(self.rescued),
+            "sampling/rescued_kept": len(self.rescued & set(self.kept)),
             "sampling/episodes_masked": sum(len(self.groups[g]) - len(self.train[g]) for g in sampled),
             "frac_reward_zero_std": len(tied) / len(sampled) if sampled else 0.0,
             "band/reward_mean": statistics.fmean(e.reward for e in base_eps) if base_eps else 0.0,
@@ -105,6 +109,14 @@ def collect_step(step: int, rollouts: Rollouts, store: EpisodeStore, cfg: RunCon
     run(base)
     order = [s.group_id for s in base]
     train = {g: training_group(done[g], cfg) for g in order}
+    rescued = rescue_specs(step, [s for s in base if all_failed(train[s.group_id])], rollouts, store, cfg)
+    if rescued:
+        print(f"[rlvr] step {step}: every episode of {len(rescued)} group(s) failed; rescuing from "
+              f"{', '.join(str(s.prefix_calls) for s in rescued)} demonstration call(s)", flush=True)
+        run(rescued)
+        for s in rescued:
+            order.append(s.group_id)
+            train[s.group_id] = training_group(done[s.group_id], cfg)
     if ds.enabled:
         extras = extra_group_specs(step, cfg.trainer.seed, names, {names[s.index] for s in base}, ds.max_extra_groups)
         used = 0
@@ -124,4 +136,24 @@ def collect_step(step: int, rollouts: Rollouts, store: EpisodeStore, cfg: RunCon
     else:
         kept = list(order)
     return StepGroups({g: done[g] for g in order}, train, [s.group_id for s in base], kept, ds.tie_tolerance,
-                      reused & set(order))
+                      reused & set(order), {s.group_id for s in rescued})
+
+
+def all_failed(group: list[Episode]) -> bool:
+    return bool(group) and all(e.reward <= 0 for e in group)
+
+
+def rescue_specs(step: int, failed: list[GroupSpec], rollouts: Rollouts, store: EpisodeStore,
+                 cfg: RunConfig) -> list[GroupSpec]:
+    """Rescue groups for the step's all-fail groups (trainer.rescue): the same task from the
+    first k calls of its demonstration, k by the task's rescue history (orchestrator/rescue.py)."""
+    rc = cfg.trainer.rescue
+    if not rc.enabled or not failed:
+        return []
+    history = rescue_history(store, step)
+    specs = []
+    for s in failed:
+        k = prefix_calls_now(rollouts.rescue_calls(s.index), history.get(rollouts.names[s.index], []), rc.shrink_at)
+        if k > 0 and len(specs) < rc.max_groups:
+            specs.append(GroupSpec(f"{s.group_id}-rescue{k}", s.index, prefix_calls=k))
+    return specs

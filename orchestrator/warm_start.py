@@ -109,9 +109,12 @@ def cached_rows(folder: Path, tokenizer_dir: str, demos: list[dict]) -> list[dic
     return rows
 
 
-def warm_start(cfg: RunConfig, folder: Path, train_tasks: list[Task], demos_only: bool = False) -> Path:
+def warm_start(cfg: RunConfig, folder: Path, train_tasks: list[Task], demos_only: bool = False,
+               training_side: frozenset[str] = frozenset()) -> Path:
     """Demonstrations for `train_tasks` into `folder`, then SFT; returns the merged model folder
-    (or the demonstrations file with `demos_only`). Reuses whatever a killed run finished."""
+    (or the demonstrations file with `demos_only`). Reuses whatever a killed run finished.
+    Harvested rows may come from `train_tasks` or `training_side` (the tasks calibration and
+    GRPO use: a rejection-sampling round), never from the held-out side."""
     folder.mkdir(parents=True, exist_ok=True)
     demos = build_demos(cfg, train_tasks, folder / DEMOS_FILE) if cfg.warm_start.demos else []
     base = resolve_model_path(cfg.model.path)
@@ -122,15 +125,15 @@ def warm_start(cfg: RunConfig, folder: Path, train_tasks: list[Task], demos_only
         rows = random.Random(cfg.warm_start.seed).sample(rows, cfg.warm_start.max_rows)
     print(f"[warm-start] {len(rows)} demonstration rows from {len({r['task_id'] for r in rows})} of "
           f"{len(train_tasks)} demonstrated tasks", flush=True)
-    train_ids = {t.id for t in train_tasks}
+    train_ids = {t.id for t in train_tasks} | training_side
     for hdir in cfg.warm_start.harvest_dirs:
         from orchestrator.harvest import harvest_rows
 
         harvested = harvest_rows(hdir, cfg.warm_start.max_assistant_turns)
         foreign = sorted({r["task_id"] for r in harvested} - train_ids)
         if foreign:   # a harvest of another split would train on held-out tasks
-            raise ValueError(f"harvest {hdir} holds tasks outside this run's demonstrated tasks: {foreign[:3]} "
-                             "(a harvest of another split, or of the tasks kept for calibration and GRPO)")
+            raise ValueError(f"harvest {hdir} holds tasks outside this run's training side: {foreign[:3]} "
+                             "(a harvest of another split, or of its held-out tasks)")
         rows += harvested
         print(f"[warm-start] {len(harvested)} harvested rows from {hdir}", flush=True)
     return run_sft(rows, base, cfg.warm_start, folder / sft_folder_name(cfg), cfg.model)
@@ -150,7 +153,8 @@ def run_warm_start(cfg: RunConfig, run_dir: Path, demos_only: bool = False) -> P
     find it), and only its demo side is demonstrated (the whole training side unless
     task.demo_fraction sets tasks apart for calibration and GRPO)."""
     train_tasks = select_tasks(cfg.task, cfg.trainer.seed, run_dir, "demo")
-    return warm_start(cfg, folder_for(cfg, run_dir), train_tasks, demos_only=demos_only)
+    rl_side = frozenset(t.id for t in select_tasks(cfg.task, cfg.trainer.seed, run_dir, "train"))
+    return warm_start(cfg, folder_for(cfg, run_dir), train_tasks, demos_only=demos_only, training_side=rl_side)
 
 
 MANIFEST = "manifest.json"

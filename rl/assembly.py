@@ -4,7 +4,8 @@ A call whose prompt extends the previous call's prompt + completion token-for-to
 merged into the same sequence: the new prompt tokens (tool results, template) join with
 mask 0, the new completion with mask 1. Otherwise the chat template re-rendered history
 differently from what was generated (e.g. a re-serialized tool call), and the call starts
-a new sample; all samples of an episode share its advantage.
+a new sample; all samples of an episode share its advantage. A scripted call (a rescue
+prefix's turn, served from a demonstration) stays in the sequence with mask 0.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ def assemble(calls: list[CallRecord]) -> Assembly:
             samples.append(prev)
             extra = call.prompt_token_ids
         prev.token_ids += extra + call.completion_token_ids
-        prev.loss_mask += [0] * len(extra) + [1] * len(call.completion_token_ids)
+        trained = 0 if call.scripted else 1   # a rescue prefix's turn is context, not the policy's
+        prev.loss_mask += [0] * len(extra) + [trained] * len(call.completion_token_ids)
         prev.logprobs += [0.0] * len(extra) + list(call.logprobs)
     return Assembly(samples=[s for s in samples if any(s.loss_mask)], merged_calls=merged, split_calls=split)

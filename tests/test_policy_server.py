@@ -291,3 +291,51 @@ def test_bad_requests_get_clear_errors(base, worker):
     assert r.status_code == 400
     assert worker.take_episode_calls("ep-bad") == []
     assert httpx.get(f"{base}/episodes/ep-bad/v1/models").json()["data"][0]["id"] == worker.model_path
+
+
+def test_scripted_turns_are_served_recorded_and_never_trained(worker, base):
+    """A rescue prefix: the episode's first calls are answered with a demonstration's assistant
+    messages (streamed and not), recorded as scripted, and the next call is the engine's. The
+    assembled sequence holds all three, with loss mask 0 on the scripted turns' tokens only."""
+    from rl.assembly import assemble
+
+    call = {"id": "call_0", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
+    script = [{"role": "assistant", "content": "Let me look.", "tool_calls": [call]},
+              {"role": "assistant", "content": "Reading it.", "tool_calls": [
+                  {"id": "call_1", "type": "function",
+                   "function": {"name": "read", "arguments": '{"path": "src/app.py"}'}}]}]
+    worker.script_episode("ep-rescue", script)
+    messages = [{"role": "system", "content": "You are a coding agent."},
+                {"role": "user", "content": "Fix src/app.py"}]
+    c = client(base, "ep-rescue")
+    first = c.chat.completions.create(model="policy", messages=messages, tools=[READ_TOOL, BASH_TOOL])
+    msg = first.choices[0].message
+    assert msg.content == "Let me look." and msg.tool_calls[0].function.name == "bash"
+    assert first.choices[0].finish_reason == "tool_calls"
+    messages += [{"role": "assistant", "content": msg.content, "tool_calls": [call]},
+                 {"role": "tool", "tool_call_id": "call_0", "content": "src\n"}]
+    names, args, text = {}, {}, ""
+    for chunk in c.chat.completions.create(model="policy", messages=messages, tools=[READ_TOOL, BASH_TOOL],
+                                           stream=True):
+        for ch in chunk.choices:
+            text += ch.delta.content or ""
+            for tc in ch.delta.tool_calls or []:
+                names[tc.index] = tc.function.name
+                args[tc.index] = args.get(tc.index, "") + (tc.function.arguments or "")
+    assert text == "Reading it." and names == {0: "read"} and json.loads(args[0]) == {"path": "src/app.py"}
+    messages += [script[1], {"role": "tool", "tool_call_id": "call_1", "content": "def app():\n    return 1\n"}]
+    c.chat.completions.create(model="policy", messages=messages, tools=[READ_TOOL, BASH_TOOL], max_tokens=8)
+
+    records = worker.take_episode_calls("ep-rescue")
+    assert [r.scripted for r in records] == [True, True, False]
+    assert "Let me look." in worker.tokenizer.decode(records[0].completion_token_ids)
+    assert records[2].completion_token_ids and not any(math.isnan(lp) for lp in records[2].logprobs)
+    asm = assemble(records)
+    [seq] = asm.samples                 # the three calls continue each other token for token
+    assert asm.merged_calls == 2
+    trained = [t for t, m in zip(seq.token_ids, seq.loss_mask) if m]
+    assert trained == records[2].completion_token_ids
+    scripted_ids = records[0].completion_token_ids + records[1].completion_token_ids
+    start = len(records[0].prompt_token_ids)
+    assert seq.token_ids[start:start + len(records[0].completion_token_ids)] == records[0].completion_token_ids
+    assert sum(seq.loss_mask[start:start + len(scripted_ids)]) == 0

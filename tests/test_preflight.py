@@ -79,6 +79,19 @@ def test_pi(tmp_path):
     assert pf.check_pi(load_config(overrides=["task.kind=length"]), cli, None, None, None).status == "skip"
 
 
+def test_a_shipped_adapter_is_checked_on_the_base_it_names(tmp_path, model_path):
+    """model.path may name a LoRA adapter folder (the shipped warm-start): the check reads its
+    base_model.txt and checks that folder; without the file it fails with the fix."""
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    assert "base_model.txt" in pf.check_model(str(adapter), PI_TOOLS)[0].fix
+    (adapter / "base_model.txt").write_text(str(model_path))
+    check, layout = pf.check_model(str(adapter), PI_TOOLS)
+    assert check.status == "ok" and check.detail.startswith(f"LoRA adapter {adapter} on ")
+    assert layout.architecture == "LlamaForCausalLM"
+
+
 def test_model_folder_and_tool_template(tmp_path):
     build(tmp_path / "m", "tiny", dtype="float32")
     check, layout = pf.check_model(str(tmp_path / "m"), PI_TOOLS)

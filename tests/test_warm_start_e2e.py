@@ -60,7 +60,7 @@ def test_warm_start_teaches_the_agent_to_edit(tmp_path, fresh_ray):
     from rl.config import load_config
     from rl.default_model import resolve_model_path
 
-    cfg = load_config("configs/default.yaml", EVAL + [
+    cfg = load_config("configs/toolz-native.yaml", EVAL + [
         "warm_start.demos_per_task=2", "warm_start.epochs=8", "warm_start.grad_accum=1", "warm_start.lr=1e-3",
         "warm_start.save_steps=1000",
         f"trainer.run_dir={tmp_path / 'run'}", "env.sandbox_uid_base=63800"])

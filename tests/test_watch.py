@@ -141,7 +141,7 @@ def test_placement_failure_names_the_node_kind_that_lacks_cpus():
     """The README's cluster commands on 2-core nodes: 4 CPUs in all, but the head's roles need 3."""
     from orchestrator.cluster import bundles, placement_failure
 
-    cfg = load_config(REPO / "configs" / "default.yaml", [
+    cfg = load_config(REPO / "configs" / "toolz-native.yaml", [
         "ray.role_resources.rollout.head_node=1", "ray.role_resources.learner.head_node=1",
         "ray.role_resources.env.worker_node=1"])
     flat = [b for group in bundles(cfg).values() for b in group]
@@ -196,3 +196,23 @@ def test_grafana_dashboard_has_a_panel_for_every_gauge():
     for key in DASHBOARD_KEYS:
         metric = "ray_rlvr_" + key.replace("/", "_") + "{"
         assert any(metric in e for e in exprs), f"no panel queries {metric}"
+
+
+def test_final_table_compares_the_band_reward_of_the_first_and_last_steps(tmp_path):
+    band = [0.5, 0.25, 0.75, 0.5, 0.5, 0.75, 1.0, 0.75]
+    records = [{"step": i + 1, "reward_mean": b, "band/reward_mean": b} for i, b in enumerate(band)]
+    table = final_table(tmp_path, records, 1.0)
+    assert "first 3 steps 0.500 -> last 3 0.833 (+0.333 +- 0.167 s.e." in table
+    assert "band reward" not in final_table(tmp_path, records[:5], 1.0)   # too few steps to compare
+
+
+def test_held_out_points_join_the_reward_curve(tmp_path):
+    from orchestrator.plots import HELDOUT_FILE, record_heldout_point
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward_mean": 0.5}\n{"step": 2, "reward_mean": 0.6}\n')
+    record_heldout_point(tmp_path, 0, 0.60, tmp_path / "ws")
+    record_heldout_point(tmp_path, 2, 0.70, tmp_path / "grpo")
+    record_heldout_point(tmp_path, 2, 0.65, tmp_path / "grpo")      # the same folder evaluated again
+    points = [json.loads(line) for line in (tmp_path / HELDOUT_FILE).read_text().splitlines()]
+    assert [(p["step"], p["pass@1"]) for p in points] == [(0, 0.60), (2, 0.65)]
+    assert (tmp_path / "reward_curve.png").stat().st_size > 0

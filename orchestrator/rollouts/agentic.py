@@ -13,6 +13,7 @@ import ray
 
 from envs.split import select_tasks
 from orchestrator.cluster import Placement, alive_nodes, spawn_env_actors
+from orchestrator.rescue import RescueDemos
 from orchestrator.rollouts.base import Episode, GroupSpec, step_group_specs
 from rl.config import RunConfig
 from rl.jsonl import append_durable
@@ -31,6 +32,7 @@ class AgenticRollouts:
         self.names = [t.id for t in self.train_tasks]
         self.settings = EpisodeSettings.for_training(cfg)
         self.env_actors = spawn_env_actors(cfg, placement, self.train_tasks)
+        self.rescue = RescueDemos(cfg, run_dir) if cfg.trainer.rescue.enabled else None
         self.server_urls = ray.get(servers)
         self._counter = itertools.count()
         self._counter_lock = threading.Lock()
@@ -51,7 +53,7 @@ class AgenticRollouts:
             for s in specs:
                 for k in range(g):
                     f = pool.submit(self._episode, s.group_id, safe_id(f"{s.group_id}-e{k}"), self.train_tasks[s.index],
-                                    on_episode_done)
+                                    on_episode_done, s.prefix_calls)
                     group_of[f] = (s.group_id, k)
             finished: dict[str, dict[int, Episode]] = {s.group_id: {} for s in specs}
             for f in as_completed(group_of):
@@ -62,12 +64,17 @@ class AgenticRollouts:
                     append_durable(self.trace_path, [{"step": step, "group": gid, **asdict(e.record)} for e in episodes])
                     on_group_done(episodes)
 
-    def _episode(self, group_id: str, episode_id: str, task, on_done=None) -> Episode:
+    def rescue_calls(self, index: int) -> int:
+        return self.rescue.max_calls(self.train_tasks[index]) if self.rescue else 0
+
+    def _episode(self, group_id: str, episode_id: str, task, on_done=None, prefix_calls: int = 0) -> Episode:
         with self._counter_lock:
             n = next(self._counter)
         worker = n % len(self.workers)
         env = self.env_actors[n % len(self.env_actors)]
-        run = run_episode(env, self.workers[worker], task, episode_id, self.server_urls[worker], self.settings)
+        prefix = self.rescue.prefix(task, prefix_calls) if prefix_calls else None
+        run = run_episode(env, self.workers[worker], task, episode_id, self.server_urls[worker], self.settings,
+                          prefix=prefix)
         episode = Episode(group_id=group_id, reward=run.record.reward, sequences=run.sequences, record=run.record)
         if on_done is not None:
             on_done(episode)

@@ -16,9 +16,11 @@ from rl.types import EpisodeRecord, TokenSequence
 
 @dataclass(frozen=True)
 class GroupSpec:
-    """One group of a step: its id (stable across a resume) and the prompt/task index."""
+    """One group of a step: its id (stable across a resume) and the prompt/task index; a rescued
+    group's episodes start from that many calls of a demonstration (orchestrator/rescue.py)."""
     group_id: str
     index: int
+    prefix_calls: int = 0
 
 
 @dataclass
@@ -49,6 +51,9 @@ class Rollouts(Protocol):
                    on_episode_done: Callable[[Episode], None] | None = None) -> None:
         """Roll the groups out; call on_group_done with each finished group's episodes, and
         on_episode_done (from any thread) with each episode as it finishes (progress)."""
+
+    def rescue_calls(self, index: int) -> int:
+        """Demonstration calls a rescue of task `index` may start from (0: it cannot be rescued)."""
 
 
 def epoch_order(n_items: int, seed: int, index: int) -> int:

@@ -21,6 +21,9 @@ class LengthRollouts:
     def group_specs(self, step: int) -> list[GroupSpec]:
         return step_group_specs(step, self.cfg.trainer.batch_size, self.cfg.trainer.seed, self.names)
 
+    def rescue_calls(self, index: int) -> int:
+        return 0   # a length prompt has no demonstration to start from
+
     def run_groups(self, specs: list[GroupSpec], step: int, on_group_done, on_episode_done=None) -> None:
         g, max_tokens = self.cfg.trainer.group_size, self.cfg.rollout.max_tokens
         shards = [specs[i::len(self.workers)] for i in range(len(self.workers))]
