@@ -105,18 +105,22 @@ def collect_step(step: int, rollouts: Rollouts, store: EpisodeStore, cfg: RunCon
         if missing:
             rollouts.run_groups(missing, step, on_group_done, on_episode_done)
 
+    order: list[str] = []
+    train: dict[str, list[Episode]] = {}
+
+    def add(specs: list[GroupSpec]) -> None:
+        run(specs)
+        for s in specs:
+            order.append(s.group_id)
+            train[s.group_id] = training_group(done[s.group_id], cfg)
+
     base = rollouts.group_specs(step)
-    run(base)
-    order = [s.group_id for s in base]
-    train = {g: training_group(done[g], cfg) for g in order}
+    add(base)
     rescued = rescue_specs(step, [s for s in base if all_failed(train[s.group_id])], rollouts, store, cfg)
     if rescued:
         print(f"[rlvr] step {step}: every episode of {len(rescued)} group(s) failed; rescuing from "
               f"{', '.join(str(s.prefix_calls) for s in rescued)} demonstration call(s)", flush=True)
-        run(rescued)
-        for s in rescued:
-            order.append(s.group_id)
-            train[s.group_id] = training_group(done[s.group_id], cfg)
+        add(rescued)
     if ds.enabled:
         extras = extra_group_specs(step, cfg.trainer.seed, names, {names[s.index] for s in base}, ds.max_extra_groups)
         used = 0
@@ -128,10 +132,7 @@ def collect_step(step: int, rollouts: Rollouts, store: EpisodeStore, cfg: RunCon
             used += len(batch)
             print(f"[rlvr] step {step}: {need} group(s) short of variance; sampling {len(batch)} more "
                   f"({used}/{len(extras)} extra)", flush=True)
-            run(batch)
-            for s in batch:
-                order.append(s.group_id)
-                train[s.group_id] = training_group(done[s.group_id], cfg)
+            add(batch)
         kept = [g for g in order if not ties(train[g], ds.tie_tolerance)][:cfg.trainer.batch_size]
     else:
         kept = list(order)

@@ -208,7 +208,8 @@ class DynamicSamplingConfig(Section):
 class RescueConfig(Section):
     """Prefix rescue (orchestrator/rescue.py): a group whose every episode fails is run again
     from the first calls of a verified demonstration of its task, shrinking as it passes."""
-    enabled: bool = Field(False, description="rescue groups where every episode scored 0 (coding tasks)")
+    enabled: bool = Field(False, description="rescue groups where every episode scored 0 (coding tasks; a "
+                                             "length prompt has no demonstration, so nothing happens there)")
     max_groups: int = Field(1, ge=1, description="rescued groups a step may sample")
     shrink_at: float = Field(0.5, gt=0, le=1, description="a rescued group passing at this rate or more "
                                                            "shortens that task's next prefix by one call")
@@ -365,9 +366,6 @@ class RunConfig(Section):
             raise ValueError(
                 f"rollout.max_tokens={self.rollout.max_tokens} leaves no room for a prompt in "
                 f"rollout.max_model_len={self.rollout.max_model_len}; lower max_tokens or raise max_model_len")
-        if self.trainer.rescue.enabled and self.task.kind != "coding":
-            raise ValueError("trainer.rescue.enabled=true needs coding tasks (a rescue starts from a demonstration "
-                             f"of the task); task.kind={self.task.kind!r} has none. Set trainer.rescue.enabled=false")
         if self.task.kind == "coding" and self.scaffold.max_episode_tokens > self.rollout.max_model_len:
             raise ValueError(
                 f"scaffold.max_episode_tokens={self.scaffold.max_episode_tokens} is larger than the "
