@@ -329,7 +329,10 @@ def test_scripted_turns_are_served_recorded_and_never_trained(worker, base):
     records = worker.take_episode_calls("ep-rescue")
     assert [r.scripted for r in records] == [True, True, False]
     assert "Let me look." in worker.tokenizer.decode(records[0].completion_token_ids)
-    assert records[2].completion_token_ids and not any(math.isnan(lp) for lp in records[2].logprobs)
+    # The engine's call has its own log-probs (or, under guided decoding, the learner's marker);
+    # the scripted ones carry no sampling distribution at all.
+    assert records[2].completion_token_ids and len(records[2].logprobs) == len(records[2].completion_token_ids)
+    assert all(lp == 0.0 for r in records[:2] for lp in r.logprobs)
     asm = assemble(records)
     [seq] = asm.samples                 # the three calls continue each other token for token
     assert asm.merged_calls == 2
