@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rl.config import RolloutConfig
+from rl.paths import vllm_cache_dir
 from rl.types import Completion
 
 log = logging.getLogger("rlvr.engine")
@@ -27,6 +28,13 @@ def configure_engine_env(rollout: RolloutConfig) -> None:
     """vLLM reads these at import/engine start; set them before either happens."""
     for key, value in engine_env_vars(rollout, max(1, int(rollout.num_cpus))).items():
         os.environ.setdefault(key, value)
+    cache = os.environ.get("VLLM_CACHE_ROOT")
+    if cache:
+        try:
+            os.makedirs(cache, exist_ok=True)
+        except OSError as e:  # RLVR_HOME not writable here: vLLM's own default (~/.cache/vllm) instead
+            log.warning("compile cache %s not writable (%s); vLLM uses its default", cache, e)
+            del os.environ["VLLM_CACHE_ROOT"]
 
 
 def engine_env_vars(rollout: RolloutConfig, threads: int) -> dict[str, str]:
@@ -35,6 +43,9 @@ def engine_env_vars(rollout: RolloutConfig, threads: int) -> dict[str, str]:
     if rollout.num_gpus == 0:
         # In-process engine core: no second process competing for the CPU cores.
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    else:
+        # CUDA graphs compile once per model shape (minutes for a 4B hybrid): keep the result for the next start
+        env["VLLM_CACHE_ROOT"] = os.environ.get("VLLM_CACHE_ROOT") or str(vllm_cache_dir())
     return env
 
 

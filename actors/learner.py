@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from actors.sync_cuda_ipc import MergedBuckets, device_uuid
 from rl.checkpoint_layout import CheckpointLayout
 from rl.config import LearnerConfig, ModelConfig
 from rl.fast_kernels import enable_fast_kernels
@@ -264,6 +265,10 @@ class Learner:
         if cfg.tis_cap is not None:
             out["tis_weight_mean"] = stats[4].item() / total_tokens
             out["tis_capped_frac"] = stats[5].item() / total_tokens
+        if self.device.type == "cuda" and cfg.gpu_memory_fraction < 1:
+            # a card shared with a sleeping engine: hand the step's activation memory back before it wakes,
+            # so the cap bounds the learner while it trains, not the card while both are awake
+            torch.cuda.empty_cache()
         return out
 
     def _micro_step(self, batch: list[TrainSample], weights: list[float]) -> torch.Tensor:
@@ -468,6 +473,24 @@ class Learner:
         with tempfile.TemporaryDirectory(prefix="rlvr-adapter-") as d:
             self.save_adapter(d)
             return read_folder(d)
+
+    # ---- sync.transport=cuda_ipc: the driver side is actors.sync_cuda_ipc.CudaIpcSync ----------
+
+    def gpu_uuid(self) -> str:
+        return device_uuid(self.device)
+
+    def ipc_plan(self, bucket_bytes: int) -> int:
+        """Group the adapted weights into buffers of at most bucket_bytes; returns how many."""
+        self._ipc = MergedBuckets(self.model, self.layout, bucket_bytes)
+        return len(self._ipc.buckets)
+
+    def ipc_bucket(self, i: int) -> bytes:
+        """Bucket i merged on the GPU, as a CUDA IPC handle the engines open (held until released)."""
+        return self._ipc.export(i)
+
+    def ipc_release(self, *installed) -> None:
+        """Called with the engines' install results: every engine has copied the bucket."""
+        self._ipc.release()
 
     def state_files(self) -> dict[str, bytes]:
         """save_state's folder as a value: the driver writes the checkpoint on its own node."""

@@ -13,6 +13,7 @@ import shutil
 import tempfile
 
 from actors.engine import EngineLoop, Policy, collect_completion, configure_engine_env, scored_logprobs
+from actors.sync_cuda_ipc import WORKER_EXTENSION
 from rl.checkpoint_layout import CheckpointLayout
 from rl.config import ModelConfig, RolloutConfig
 from rl.folders import read_safetensors, write_folder
@@ -38,11 +39,15 @@ class RolloutWorker:
         self.enable_lora = enable_lora
         sizing = {} if rollout.kv_cache_memory_gib is None else \
             {"kv_cache_memory_bytes": int(rollout.kv_cache_memory_gib * 2**30)}
+        eager, why = rollout.eager(on_gpu=not self.on_cpu)
+        log.info("engine: %s", why)
+        # on GPU the engine's worker also loads merged weights from CUDA IPC handles (sync.transport=cuda_ipc)
+        extension = {} if self.on_cpu else {"worker_extension_cls": WORKER_EXTENSION}
         args = EngineArgs(
             model=model_path,
             dtype=model.resolved_dtype(on_gpu=not self.on_cpu) if rollout.dtype == "model" else rollout.dtype,
             max_model_len=rollout.max_model_len,
-            enforce_eager=rollout.enforce_eager,
+            enforce_eager=eager,
             gpu_memory_utilization=rollout.gpu_memory_utilization,
             enable_lora=enable_lora,
             max_lora_rank=max_lora_rank,
@@ -52,6 +57,7 @@ class RolloutWorker:
             enable_prefix_caching=rollout.enable_prefix_caching,
             enable_sleep_mode=rollout.sleep_level > 0 and not self.on_cpu,
             **sizing,
+            **extension,
             **CheckpointLayout.of(model_path).engine_kwargs(on_gpu=not self.on_cpu),
         )
         engine = LLMEngine.from_engine_args(args)
@@ -178,6 +184,27 @@ class RolloutWorker:
             base = self._base_weights[key]
             merged[key] = (base.float() + (b.float() @ a.float()) * scale).to(base.dtype)
         self._reload({"weights_iterator": iter(merged.items())}, merged)
+
+    def gpu_uuid(self) -> str:
+        from actors.sync_cuda_ipc import device_uuid
+        return device_uuid()
+
+    def install_ipc_bucket(self, payload: bytes) -> int:
+        """Load one bucket of merged weights from the learner's GPU memory (actors.sync_cuda_ipc);
+        returns how many tensors it held."""
+        return sum(self.loop.call(lambda e: e.collective_rpc("load_ipc_bucket", args=(payload,))))
+
+    def finish_ipc_sync(self, *released) -> None:
+        """After the last bucket: the prefix cache belongs to the old weights, and no adapter applies."""
+        old = self.lora_request
+
+        def finish(engine):
+            engine.reset_prefix_cache()
+            if old is not None:
+                engine.remove_lora(old.lora_int_id)
+
+        self.loop.call(finish)
+        self.policy.adapter = None
 
     # --- sleep / wake ---------------------------------------------------------------
     def sleep(self) -> None:

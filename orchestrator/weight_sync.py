@@ -6,6 +6,8 @@
   see another's filesystem.
 - shared_dir: the learner writes the adapter or merged model under the run directory and
   the workers load that path; every node must then mount the run directory.
+- cuda_ipc (merged, one GPU): the merged weights go from the learner's GPU memory to the
+  engine's without a host copy; its own module, actors/sync_cuda_ipc.py, holds all three sides.
 
 The parity probe after each sync (orchestrator.parity) guards both. `start` issues a sync
 without waiting (each actor runs its calls in the order the driver made them), so an overlapped
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import ray
 
+from actors.sync_cuda_ipc import CudaIpcSync
 from orchestrator.parity import finish_parity_probe, start_parity_probe
 
 TRANSPORTS = ("object_store", "shared_dir")
@@ -82,7 +85,11 @@ class MergedWeightsSync(WeightSync):
 
 
 def make_weight_sync(strategy: str, run_dir: Path, transport: str = "object_store",
-                     merge_on: str = "learner") -> WeightSync:
+                     merge_on: str = "learner", bucket_mib: int = 512) -> WeightSync | CudaIpcSync:
+    if transport == "cuda_ipc":  # merged weights that stay on the GPU: the strategy's own module
+        if strategy != "merged" or merge_on != "learner":
+            raise ValueError("sync.transport=cuda_ipc needs sync.strategy=merged and sync.merge_on=learner")
+        return CudaIpcSync(bucket_mib)
     if strategy == "lora":
         return LoraAdapterSync(run_dir, transport)
     if strategy == "merged":
@@ -96,7 +103,7 @@ class IssuedSync:
     install and answer while that update runs; the next rollout calls `wait` before its first
     request. `wait` is idempotent and thread-safe: the rollout thread and the loop both call it."""
 
-    def __init__(self, weight_sync: WeightSync | None, learner, workers: list, step: int, parity_ids: list[int],
+    def __init__(self, weight_sync: WeightSync | CudaIpcSync | None, learner, workers: list, step: int, parity_ids: list[int],
                  threshold: float, when: str):
         self._refs = weight_sync.start(learner, workers, step) if weight_sync else []
         self._probe = start_parity_probe(learner, workers, parity_ids)

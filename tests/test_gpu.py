@@ -1,11 +1,14 @@
 """On a CUDA GPU (marker `gpu`; skipped elsewhere): the vLLM engine's sleep and wake, weight sync
-into a GPU engine (LoRA and merged), and served-vs-learner parity on a Qwen3.5 (Gated-DeltaNet)
-checkpoint in the layout it ships in. A tiny random model with the 4B model's head sizes."""
+into a GPU engine (LoRA, merged, and merged over CUDA IPC), and served-vs-learner parity on a
+Qwen3.5 (Gated-DeltaNet) checkpoint in the layout it ships in. A tiny random model with the 4B
+model's head sizes. Engines run as the config's default does on GPU: CUDA graphs, so the first
+test of a fresh machine also pays the compile (minutes), which the timeout allows for."""
 import json
 import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,7 @@ from orchestrator.parity import parity_gap
 from rl.config import LearnerConfig, ModelConfig, RolloutConfig, load_config
 from rl.types import TrainSample
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]  # a cold compile of the first engine takes minutes
 # bf16 on both sides: the GPU recipe's threshold (measured on the 4B shape), not the CPU fp32 default
 REPO = Path(__file__).resolve().parent.parent
 THRESHOLD = load_config(REPO / "configs" / "qwen35_4b_24gb.yaml").sync.parity_threshold
@@ -22,14 +25,14 @@ MODEL = ModelConfig(dtype="bfloat16")
 RESULTS = os.environ.get("RLVR_GPU_RESULTS")  # a folder: each test also writes its numbers there
 
 
-def _in_own_process(request) -> bool:
+def _in_own_process(request, **env) -> bool:
     """vLLM's sleep-mode allocator is one per process ("CuMem allocator can only be used for one
     instance per process"): each engine-building test runs again in a pytest process of its own.
     True in the outer run, whose only job is that process's exit status."""
     if os.environ.get("RLVR_GPU_INNER"):
         return False
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", request.node.nodeid],
-                          cwd=REPO, env={**os.environ, "RLVR_GPU_INNER": "1"})
+                          cwd=REPO, env={**os.environ, "RLVR_GPU_INNER": "1", **env})
     assert done.returncode == 0, f"{request.node.nodeid} failed in its own process (its output is above)"
     return True
 
@@ -104,6 +107,49 @@ def test_sleep_wake_and_lora_sync_into_a_gpu_engine(request, tmp_path):
                                      "synced_gap": synced})
         assert base[0] < THRESHOLD and synced[0] < THRESHOLD
         assert stale[0] > THRESHOLD, "training did not move the learner away from the served policy"
+    finally:
+        worker.shutdown()
+
+
+@pytest.mark.parametrize("engine_core", ["own_process", "in_process"])
+def test_cuda_ipc_sync_into_a_captured_engine_and_sleep_wake(request, engine_core):
+    """The merged update from the learner's GPU memory into an engine running CUDA graphs, in several
+    buckets; the served policy then matches the learner, and greedy tokens survive sleep and wake.
+    own_process: vLLM's engine core in its own process (as under Ray), so the CUDA IPC handle is
+    opened there; in_process: the engine reads the learner's buffer directly."""
+    if _in_own_process(request, VLLM_ENABLE_V1_MULTIPROCESSING="1" if engine_core == "own_process" else "0"):
+        return
+    ckpt = request.getfixturevalue("ckpt")
+    worker = _worker(ckpt, sleep_level=1, lora=False)
+    learner = _learner(ckpt)
+    try:
+        assert worker.cfg.eager(on_gpu=True)[0] is False, "the GPU default should capture CUDA graphs"
+        probe = _probe(worker)
+        base = parity_gap(learner.sequence_logprobs(probe), worker.prompt_logprobs(probe))
+        _train(learner)
+        stale = parity_gap(learner.sequence_logprobs(probe), worker.prompt_logprobs(probe))
+        assert worker.gpu_uuid() == learner.gpu_uuid()
+        t0 = time.perf_counter()
+        buckets = learner.ipc_plan(1 << 20)  # 1 MiB: several buckets even for the tiny model
+        tensors = 0
+        for i in range(buckets):
+            tensors += worker.install_ipc_bucket(learner.ipc_bucket(i))
+            learner.ipc_release()
+        worker.finish_ipc_sync()
+        sync_s = time.perf_counter() - t0
+        synced = parity_gap(learner.sequence_logprobs(probe), worker.prompt_logprobs(probe))
+        before = worker.generate([probe[:8]], 1)[0][0].token_ids
+        worker.sleep()
+        worker.wake()
+        after = worker.generate([probe[:8]], 1)[0][0].token_ids
+        woken = parity_gap(learner.sequence_logprobs(probe), worker.prompt_logprobs(probe))
+        _record(f"cuda_ipc_sync_graphs_{engine_core}", {"buckets": buckets, "tensors": tensors, "sync_s": sync_s, "base_gap": base,
+                                         "stale_gap": stale, "synced_gap": synced, "after_wake_gap": woken,
+                                         "greedy_same_after_wake": after == before})
+        assert buckets > 1 and tensors == len(learner._ipc.layers)
+        assert base[0] < THRESHOLD and synced[0] < THRESHOLD and woken[0] < THRESHOLD
+        assert stale[0] > THRESHOLD, "training did not move the learner away from the served policy"
+        assert after == before, "greedy tokens changed across sleep/wake with captured graphs"
     finally:
         worker.shutdown()
 
