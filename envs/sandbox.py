@@ -51,6 +51,11 @@ _ETC_FILES = ["/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/ld.so.cac
               "/etc/localtime", "/etc/alternatives", "/etc/mime.types"]
 
 
+# the environment setpriv, prlimit and bwrap start with (bwrap's pid 1 keeps it; the command
+# inside gets only what `--setenv` gives it)
+_HOST_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+
+
 class SandboxUnavailable(RuntimeError):
     """The host cannot sandbox (missing bwrap/setpriv, not root, no user namespaces)."""
 
@@ -112,22 +117,23 @@ class Sandbox:
         self.workdir = Path(self.workdir)
 
     # --- building the command line -------------------------------------------------------
-    def argv(self, inner: Sequence[str], env: Mapping[str, str] | None = None,
-             extra_ro_binds: Sequence[tuple[str, str]] = (),
-             extra_rw_binds: Sequence[tuple[str, str]] = (),
-             share_net: bool = False, memory_mib: int | None = None,
-             cpu_s: int | None = None, seccomp_fd: int | None = None) -> list[str]:
+    def argv(self, env: Mapping[str, str] | None = None, extra_ro_binds: Sequence[tuple[str, str]] = (),
+             extra_rw_binds: Sequence[tuple[str, str]] = (), share_net: bool = False,
+             memory_mib: int | None = None, cpu_s: int | None = None,
+             seccomp_fd: int | None = None) -> tuple[list[str], list[str]]:
+        """(setpriv ... bwrap, bwrap's options); the command follows them after `--`."""
         lim = self.limits
         mem = lim.memory_mib if memory_mib is None else memory_mib
         cpu = lim.cpu_s if cpu_s is None else cpu_s
-        cmd = ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
-               "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
-               "prlimit", f"--cpu={cpu}:{cpu + 1}", f"--nproc={lim.max_processes}",
-               f"--fsize={lim.max_file_mib * _MIB}", "--core=0", "--nofile=1024"]
+        head = ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
+                "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
+                "prlimit", f"--cpu={cpu}:{cpu + 1}", f"--nproc={lim.max_processes}",
+                f"--fsize={lim.max_file_mib * _MIB}", "--core=0", "--nofile=1024"]
         if mem > 0:
-            cmd.append(f"--as={mem * _MIB}")
-        cmd += ["--", "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
-                "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+            head.append(f"--as={mem * _MIB}")
+        head += ["--", "bwrap"]
+        cmd = ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+               "--cap-drop", "ALL"]
         if share_net:
             cmd.append("--share-net")
         if seccomp_fd is not None:
@@ -163,7 +169,28 @@ class Sandbox:
             full_env["PYTHONPATH"] = ":".join(filter(None, [full_env.get("PYTHONPATH"), INSIDE_SITE]))
         for k, v in full_env.items():
             cmd += ["--setenv", k, v]
-        return cmd + ["--", *inner]
+        return head, cmd
+
+    def _start(self, inner: Sequence[str], pass_fds: Sequence[int] = (), env: Mapping[str, str] | None = None,
+               extra_ro_binds: Sequence[tuple[str, str]] = (), extra_rw_binds: Sequence[tuple[str, str]] = (),
+               share_net: bool = False, memory_mib: int | None = None, cpu_s: int | None = None,
+               **popen_kwargs) -> subprocess.Popen:
+        """Spawn the confined command in a new session. bwrap's options (every host path bound,
+        the command's environment) reach it through a file descriptor (`--args`), and it starts
+        with a bare environment: bwrap stays the sandbox's pid 1, whose command line and
+        environment any process inside can read (`ps`), and neither may show a host path."""
+        filt = _seccomp_fd()
+        head, options = self.argv(env, extra_ro_binds, extra_rw_binds, share_net, memory_mib, cpu_s, filt)
+        opts = _args_fd(options)
+        try:
+            proc = _spawn([*head, "--args", str(opts), "--", *inner], env=_HOST_ENV, start_new_session=True,
+                          pass_fds=(*pass_fds, opts, *((filt,) if filt is not None else ())), **popen_kwargs)
+        finally:
+            os.close(opts)
+            if filt is not None:
+                os.close(filt)
+        proc.sandbox_uid = self.uid  # lets Sandbox.kill wait until the sandbox is really empty
+        return proc
 
     # --- running ---------------------------------------------------------------------
     def run(self, command: str, timeout_s: float) -> CommandResult:
@@ -187,17 +214,9 @@ class Sandbox:
                  max_output_chars: int | None = None) -> CommandResult:
         cap = self.max_output_chars if max_output_chars is None else max_output_chars
         start = time.monotonic()
-        filt = _seccomp_fd()
-        try:
-            proc = _spawn(
-                self.argv(inner, env=env, extra_ro_binds=extra_ro_binds, seccomp_fd=filt,
-                          cpu_s=max(1, int(timeout_s) + 1) if timeout_s < self.limits.cpu_s else None),
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                start_new_session=True, pass_fds=tuple(pass_fds) + ((filt,) if filt is not None else ()))
-        finally:
-            if filt is not None:
-                os.close(filt)
-        proc.sandbox_uid = self.uid
+        proc = self._start(inner, pass_fds, env=env, extra_ro_binds=extra_ro_binds,
+                           cpu_s=max(1, int(timeout_s) + 1) if timeout_s < self.limits.cpu_s else None,
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         tail = bytearray()
         total = 0
         timed_out = limit_hit = False
@@ -250,18 +269,9 @@ class Sandbox:
         virtual memory: pass memory_mib=0 (no RLIMIT_AS) for pi.
         """
         popen_kwargs.setdefault("stdin", subprocess.DEVNULL)
-        filt = _seccomp_fd()
-        fds = tuple(popen_kwargs.pop("pass_fds", ())) + ((filt,) if filt is not None else ())
-        try:
-            proc = _spawn(
-                self.argv(inner, env=env, extra_ro_binds=extra_ro_binds, extra_rw_binds=extra_rw_binds,
-                          share_net=share_net, memory_mib=memory_mib, cpu_s=cpu_s, seccomp_fd=filt),
-                start_new_session=True, pass_fds=fds, **popen_kwargs)
-        finally:
-            if filt is not None:
-                os.close(filt)
-        proc.sandbox_uid = self.uid  # lets Sandbox.kill wait until the sandbox is really empty
-        return proc
+        return self._start(inner, popen_kwargs.pop("pass_fds", ()), env=env, extra_ro_binds=extra_ro_binds,
+                           extra_rw_binds=extra_rw_binds, share_net=share_net, memory_mib=memory_mib,
+                           cpu_s=cpu_s, **popen_kwargs)
 
     @staticmethod
     def kill(proc: subprocess.Popen) -> None:
@@ -281,6 +291,14 @@ class Sandbox:
     def kill_uid_leftovers(self) -> int:
         """Kill any process still running as this sandbox's uid (belt and braces); count them."""
         return kill_uid(self.uid)
+
+
+def _args_fd(options: Sequence[str]) -> int:
+    """A memfd holding bwrap's options NUL-separated, read (and closed) by `bwrap --args`."""
+    fd = os.memfd_create("rlvr-bwrap-args", 0)
+    os.write(fd, b"".join(o.encode("utf-8", "surrogateescape") + b"\0" for o in options))
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def chown_tree(path: Path, uid: int) -> None:

@@ -6,6 +6,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -41,6 +42,18 @@ def test_runs_confined_as_unprivileged_user(box):
     lines = res.output.split()
     assert res.exit_code == 0 and lines[0] == str(UID) and lines[1] == "/repo"
     assert "root" not in lines and "home" not in lines and "work" not in lines
+
+
+def test_processes_inside_show_no_host_path(box):
+    """ps, and every process's command line and environment: bwrap (the sandbox's pid 1) got
+    its bind mounts through a file descriptor and a bare environment, so neither the checkout's
+    host path, the project's, its venv's nor /root shows."""
+    res = box.run("ps auxww; for f in /proc/[0-9]*/cmdline /proc/[0-9]*/environ; do "
+                  "echo \"$f: $(tr '\\0' ' ' < $f)\"; done", 10)
+    assert res.exit_code == 0 and "/proc/1/cmdline: bwrap" in res.output and "ps auxww" in res.output, res.output
+    project = Path(__file__).resolve().parent.parent
+    for host in (str(box.workdir), str(box.tmp_dir), str(project), sys.prefix, "/root", "/work"):
+        assert host not in res.output, f"{host} shows inside the sandbox:\n{res.output}"
 
 
 def test_no_network(box):
