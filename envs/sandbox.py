@@ -76,13 +76,14 @@ class Limits:
 
 @dataclass
 class CommandResult:
-    exit_code: int                  # -N: killed by signal N; 124 when the wall clock ran out
+    exit_code: int                  # -N: killed by signal N; 124: the wall clock ran out; -19: stopped
     output: str                     # stdout+stderr merged; the tail when truncated
     timed_out: bool
     truncated: bool
     seconds: float
     total_output_bytes: int = 0
     output_limit_hit: bool = False
+    stopped: bool = False           # a process of it stopped itself and it was ended (the output says which)
 
 
 @dataclass
@@ -219,7 +220,7 @@ class Sandbox:
                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         tail = bytearray()
         total = 0
-        timed_out = limit_hit = False
+        timed_out = limit_hit = stopped = False
         stopped_ticks = 0
         deadline = start + timeout_s
         fd = proc.stdout.fileno()
@@ -231,10 +232,11 @@ class Sandbox:
                     break
                 ready, _, _ = select.select([fd], [], [], min(left, 1.0))
                 if not ready:   # quiet: a process that stopped itself is ended now, not at the deadline
-                    stopped_ticks = stopped_ticks + 1 if stopped_processes(self.uid) else 0
+                    halted = stopped_processes(self.uid)
+                    stopped_ticks = stopped_ticks + 1 if halted else 0
                     if stopped_ticks >= STOPPED_TICKS:
-                        timed_out = True
-                        tail += b"\n[a process of the command stopped itself (SIGSTOP or SIGTSTP); the command was ended]\n"
+                        stopped = True
+                        tail += stopped_note(halted, time.monotonic() - start).encode()
                         break
                     continue
                 chunk = os.read(fd, 1 << 16)
@@ -249,14 +251,14 @@ class Sandbox:
                     break
         finally:
             self.kill(proc)
-        exit_code = 124 if timed_out else proc.returncode
+        exit_code = 124 if timed_out else -signal.SIGSTOP if stopped else proc.returncode
         text = tail.decode("utf-8", errors="replace")
         truncated = total > len(tail) or len(text) > cap
         if len(text) > cap:
             text = text[-cap:]
         return CommandResult(exit_code=exit_code, output=text, timed_out=timed_out,
                              truncated=truncated, seconds=time.monotonic() - start,
-                             total_output_bytes=total, output_limit_hit=limit_hit)
+                             total_output_bytes=total, output_limit_hit=limit_hit, stopped=stopped)
 
     def popen(self, inner: Sequence[str], env: Mapping[str, str] | None = None,
               extra_ro_binds: Sequence[tuple[str, str]] = (),
@@ -291,6 +293,18 @@ class Sandbox:
     def kill_uid_leftovers(self) -> int:
         """Kill any process still running as this sandbox's uid (belt and braces); count them."""
         return kill_uid(self.uid)
+
+
+def stopped_note(pids: Sequence[int], after_s: float) -> str:
+    """The line a stopped command's output ends with: which processes, and why it was ended."""
+    names = []
+    for pid in pids:
+        try:
+            names.append(Path(f"/proc/{pid}/comm").read_text().strip())
+        except (FileNotFoundError, ProcessLookupError):
+            names.append("exited")
+    return (f"\n[the command was ended after {after_s:.1f} s: its process(es) {', '.join(names)} stopped "
+            "themselves (SIGSTOP or SIGTSTP), and nothing in the sandbox can continue them]\n")
 
 
 def _args_fd(options: Sequence[str]) -> int:

@@ -351,6 +351,8 @@ class Tools:
                             f"{self.sandbox.limits.max_output_bytes} bytes")
         if res.timed_out:
             raise ToolError(text + f"\n\nCommand timed out after {limit:g} seconds (the time limit)")
+        if res.stopped:   # the output's last line says which process stopped itself
+            raise ToolError(text)
         if res.exit_code != 0:
             raise ToolError(text + f"\n\nCommand exited with code {res.exit_code}{self._why(res.exit_code)}")
         return text

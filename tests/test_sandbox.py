@@ -14,6 +14,7 @@ import pytest
 
 from envs import sandbox as sbx
 from envs.sandbox import Limits, QuotaDir, Sandbox, chown_tree, processes_of_uid
+from envs.testrun import BASE_PYTEST, run_tests
 
 UID = 63900
 WORK = Path("/tmp/agentic-rlvr-test")
@@ -153,9 +154,23 @@ def test_a_command_that_stops_itself_is_ended_promptly(box):
     the run ends within seconds instead of at its time limit."""
     start = time.monotonic()
     res = box.run("echo before; python3 -c 'import os, signal; os.kill(os.getpid(), signal.SIGSTOP)'", 60)
-    assert res.timed_out and "stopped itself" in res.output and "before" in res.output
+    assert res.stopped and not res.timed_out and res.exit_code == -19 and "before" in res.output
+    assert "python3 stopped themselves (SIGSTOP or SIGTSTP)" in res.output.splitlines()[-1], res.output
     assert time.monotonic() - start < 10
     assert processes_of_uid(UID) == []
+
+
+def test_a_test_run_whose_code_stops_itself_ends_promptly(box):
+    """Verification of a body that SIGSTOPs its own (the pytest) process ends in seconds, not
+    at its 120 s limit, and its output says why."""
+    (box.workdir / "test_stop.py").write_text("import os, signal\n\n\ndef test_stops():\n"
+                                              "    os.kill(os.getpid(), signal.SIGSTOP)\n")
+    chown_tree(box.workdir, UID)
+    start = time.monotonic()
+    run = run_tests(box, BASE_PYTEST, timeout_s=120.0)
+    assert time.monotonic() - start < 10
+    assert not run.finished and not run.timed_out and run.exit_code == -19
+    assert "stopped themselves (SIGSTOP or SIGTSTP)" in run.output.splitlines()[-1], run.output
 
 
 def test_background_processes_die_with_the_command(box):
