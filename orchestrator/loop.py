@@ -275,9 +275,11 @@ class Trainer:
         return {}
 
     def _collect(self, step: int) -> StepGroups:
-        """This step's groups (dynamic sampling replaces tying ones), under a progress bar."""
+        """This step's groups (dynamic sampling replaces tying ones), under a progress bar that
+        starts at the episodes a killed run already finished (reused, not rolled out again)."""
         total = self.cfg.trainer.batch_size * self.cfg.trainer.group_size
-        with self.console.progress(step, total) as bar:
+        reused = sum(len(g) for g in self.store.load_groups(step).values())
+        with self.console.progress(step, max(total, reused), done=reused) as bar:
             return collect_step(step, self.rollouts, self.store, self.cfg, on_episode_done=bar)
 
     def _to_samples(self, episodes: list[Episode]) -> list[TrainSample]:
