@@ -166,6 +166,16 @@ def test_actor_output_is_copied_to_its_log_and_still_printed(tmp_path):
     assert {"python stdout", "python stderr", "C-level write"} <= set(log.read_text().splitlines())
 
 
+def test_a_lost_node_names_its_actors_the_step_and_the_resume_command(tmp_path):
+    from orchestrator.cluster import node_died_message
+
+    msg = node_died_message({"10.0.0.2": ["learner-0", "env-0"]}, 3, 2, tmp_path / "run",
+                            RuntimeError("The actor died because its node has died.\nmore"))
+    assert msg.startswith("node died during step 3: learner-0, env-0 on 10.0.0.2 went with it (RuntimeError: "
+                          "The actor died because its node has died.)")
+    assert "last checkpoint is step 2" in msg and f"`rlvr train --resume {tmp_path / 'run'}`" in msg
+
+
 def test_placement_failure_names_the_head_flag_and_the_config_keys():
     from orchestrator.cluster import bundles, placement_failure
 
