@@ -51,6 +51,11 @@ _ETC_FILES = ["/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/ld.so.cac
               "/etc/localtime", "/etc/alternatives", "/etc/mime.types"]
 
 
+# the environment setpriv, prlimit and bwrap start with (bwrap's pid 1 keeps it; the command
+# inside gets only what `--setenv` gives it)
+_HOST_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+
+
 class SandboxUnavailable(RuntimeError):
     """The host cannot sandbox (missing bwrap/setpriv, not root, no user namespaces)."""
 
@@ -71,13 +76,14 @@ class Limits:
 
 @dataclass
 class CommandResult:
-    exit_code: int                  # -N: killed by signal N; 124 when the wall clock ran out
+    exit_code: int                  # -N: killed by signal N; 124: the wall clock ran out; -19: stopped
     output: str                     # stdout+stderr merged; the tail when truncated
     timed_out: bool
     truncated: bool
     seconds: float
     total_output_bytes: int = 0
     output_limit_hit: bool = False
+    stopped: bool = False           # a process of it stopped itself and it was ended (the output says which)
 
 
 @dataclass
@@ -112,22 +118,23 @@ class Sandbox:
         self.workdir = Path(self.workdir)
 
     # --- building the command line -------------------------------------------------------
-    def argv(self, inner: Sequence[str], env: Mapping[str, str] | None = None,
-             extra_ro_binds: Sequence[tuple[str, str]] = (),
-             extra_rw_binds: Sequence[tuple[str, str]] = (),
-             share_net: bool = False, memory_mib: int | None = None,
-             cpu_s: int | None = None, seccomp_fd: int | None = None) -> list[str]:
+    def argv(self, env: Mapping[str, str] | None = None, extra_ro_binds: Sequence[tuple[str, str]] = (),
+             extra_rw_binds: Sequence[tuple[str, str]] = (), share_net: bool = False,
+             memory_mib: int | None = None, cpu_s: int | None = None,
+             seccomp_fd: int | None = None) -> tuple[list[str], list[str]]:
+        """(setpriv ... bwrap, bwrap's options); the command follows them after `--`."""
         lim = self.limits
         mem = lim.memory_mib if memory_mib is None else memory_mib
         cpu = lim.cpu_s if cpu_s is None else cpu_s
-        cmd = ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
-               "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
-               "prlimit", f"--cpu={cpu}:{cpu + 1}", f"--nproc={lim.max_processes}",
-               f"--fsize={lim.max_file_mib * _MIB}", "--core=0", "--nofile=1024"]
+        head = ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
+                "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
+                "prlimit", f"--cpu={cpu}:{cpu + 1}", f"--nproc={lim.max_processes}",
+                f"--fsize={lim.max_file_mib * _MIB}", "--core=0", "--nofile=1024"]
         if mem > 0:
-            cmd.append(f"--as={mem * _MIB}")
-        cmd += ["--", "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
-                "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+            head.append(f"--as={mem * _MIB}")
+        head += ["--", "bwrap"]
+        cmd = ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+               "--cap-drop", "ALL"]
         if share_net:
             cmd.append("--share-net")
         if seccomp_fd is not None:
@@ -163,7 +170,28 @@ class Sandbox:
             full_env["PYTHONPATH"] = ":".join(filter(None, [full_env.get("PYTHONPATH"), INSIDE_SITE]))
         for k, v in full_env.items():
             cmd += ["--setenv", k, v]
-        return cmd + ["--", *inner]
+        return head, cmd
+
+    def _start(self, inner: Sequence[str], pass_fds: Sequence[int] = (), env: Mapping[str, str] | None = None,
+               extra_ro_binds: Sequence[tuple[str, str]] = (), extra_rw_binds: Sequence[tuple[str, str]] = (),
+               share_net: bool = False, memory_mib: int | None = None, cpu_s: int | None = None,
+               **popen_kwargs) -> subprocess.Popen:
+        """Spawn the confined command in a new session. bwrap's options (every host path bound,
+        the command's environment) reach it through a file descriptor (`--args`), and it starts
+        with a bare environment: bwrap stays the sandbox's pid 1, whose command line and
+        environment any process inside can read (`ps`), and neither may show a host path."""
+        filt = _seccomp_fd()
+        head, options = self.argv(env, extra_ro_binds, extra_rw_binds, share_net, memory_mib, cpu_s, filt)
+        opts = _args_fd(options)
+        try:
+            proc = _spawn([*head, "--args", str(opts), "--", *inner], env=_HOST_ENV, start_new_session=True,
+                          pass_fds=(*pass_fds, opts, *((filt,) if filt is not None else ())), **popen_kwargs)
+        finally:
+            os.close(opts)
+            if filt is not None:
+                os.close(filt)
+        proc.sandbox_uid = self.uid  # lets Sandbox.kill wait until the sandbox is really empty
+        return proc
 
     # --- running ---------------------------------------------------------------------
     def run(self, command: str, timeout_s: float) -> CommandResult:
@@ -187,20 +215,12 @@ class Sandbox:
                  max_output_chars: int | None = None) -> CommandResult:
         cap = self.max_output_chars if max_output_chars is None else max_output_chars
         start = time.monotonic()
-        filt = _seccomp_fd()
-        try:
-            proc = _spawn(
-                self.argv(inner, env=env, extra_ro_binds=extra_ro_binds, seccomp_fd=filt,
-                          cpu_s=max(1, int(timeout_s) + 1) if timeout_s < self.limits.cpu_s else None),
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                start_new_session=True, pass_fds=tuple(pass_fds) + ((filt,) if filt is not None else ()))
-        finally:
-            if filt is not None:
-                os.close(filt)
-        proc.sandbox_uid = self.uid
+        proc = self._start(inner, pass_fds, env=env, extra_ro_binds=extra_ro_binds,
+                           cpu_s=max(1, int(timeout_s) + 1) if timeout_s < self.limits.cpu_s else None,
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         tail = bytearray()
         total = 0
-        timed_out = limit_hit = False
+        timed_out = limit_hit = stopped = False
         stopped_ticks = 0
         deadline = start + timeout_s
         fd = proc.stdout.fileno()
@@ -212,10 +232,11 @@ class Sandbox:
                     break
                 ready, _, _ = select.select([fd], [], [], min(left, 1.0))
                 if not ready:   # quiet: a process that stopped itself is ended now, not at the deadline
-                    stopped_ticks = stopped_ticks + 1 if stopped_processes(self.uid) else 0
+                    halted = stopped_processes(self.uid)
+                    stopped_ticks = stopped_ticks + 1 if halted else 0
                     if stopped_ticks >= STOPPED_TICKS:
-                        timed_out = True
-                        tail += b"\n[a process of the command stopped itself (SIGSTOP or SIGTSTP); the command was ended]\n"
+                        stopped = True
+                        tail += stopped_note(halted, time.monotonic() - start).encode()
                         break
                     continue
                 chunk = os.read(fd, 1 << 16)
@@ -230,14 +251,14 @@ class Sandbox:
                     break
         finally:
             self.kill(proc)
-        exit_code = 124 if timed_out else proc.returncode
+        exit_code = 124 if timed_out else -signal.SIGSTOP if stopped else proc.returncode
         text = tail.decode("utf-8", errors="replace")
         truncated = total > len(tail) or len(text) > cap
         if len(text) > cap:
             text = text[-cap:]
         return CommandResult(exit_code=exit_code, output=text, timed_out=timed_out,
                              truncated=truncated, seconds=time.monotonic() - start,
-                             total_output_bytes=total, output_limit_hit=limit_hit)
+                             total_output_bytes=total, output_limit_hit=limit_hit, stopped=stopped)
 
     def popen(self, inner: Sequence[str], env: Mapping[str, str] | None = None,
               extra_ro_binds: Sequence[tuple[str, str]] = (),
@@ -250,18 +271,9 @@ class Sandbox:
         virtual memory: pass memory_mib=0 (no RLIMIT_AS) for pi.
         """
         popen_kwargs.setdefault("stdin", subprocess.DEVNULL)
-        filt = _seccomp_fd()
-        fds = tuple(popen_kwargs.pop("pass_fds", ())) + ((filt,) if filt is not None else ())
-        try:
-            proc = _spawn(
-                self.argv(inner, env=env, extra_ro_binds=extra_ro_binds, extra_rw_binds=extra_rw_binds,
-                          share_net=share_net, memory_mib=memory_mib, cpu_s=cpu_s, seccomp_fd=filt),
-                start_new_session=True, pass_fds=fds, **popen_kwargs)
-        finally:
-            if filt is not None:
-                os.close(filt)
-        proc.sandbox_uid = self.uid  # lets Sandbox.kill wait until the sandbox is really empty
-        return proc
+        return self._start(inner, popen_kwargs.pop("pass_fds", ()), env=env, extra_ro_binds=extra_ro_binds,
+                           extra_rw_binds=extra_rw_binds, share_net=share_net, memory_mib=memory_mib,
+                           cpu_s=cpu_s, **popen_kwargs)
 
     @staticmethod
     def kill(proc: subprocess.Popen) -> None:
@@ -281,6 +293,26 @@ class Sandbox:
     def kill_uid_leftovers(self) -> int:
         """Kill any process still running as this sandbox's uid (belt and braces); count them."""
         return kill_uid(self.uid)
+
+
+def stopped_note(pids: Sequence[int], after_s: float) -> str:
+    """The line a stopped command's output ends with: which processes, and why it was ended."""
+    names = []
+    for pid in pids:
+        try:
+            names.append(Path(f"/proc/{pid}/comm").read_text().strip())
+        except (FileNotFoundError, ProcessLookupError):
+            names.append("exited")
+    return (f"\n[the command was ended after {after_s:.1f} s: its process(es) {', '.join(names)} stopped "
+            "themselves (SIGSTOP or SIGTSTP), and nothing in the sandbox can continue them]\n")
+
+
+def _args_fd(options: Sequence[str]) -> int:
+    """A memfd holding bwrap's options NUL-separated, read (and closed) by `bwrap --args`."""
+    fd = os.memfd_create("rlvr-bwrap-args", 0)
+    os.write(fd, b"".join(o.encode("utf-8", "surrogateescape") + b"\0" for o in options))
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def chown_tree(path: Path, uid: int) -> None:

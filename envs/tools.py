@@ -151,6 +151,12 @@ def _edits(value: Any) -> list[dict]:
     return out
 
 
+def bad_timeout_message(value: str, without: str) -> str:
+    """The error for a bash `timeout` of zero or less (here and in pi, scaffolds/pi_guard.js);
+    `without` says what leaving it out does."""
+    return f"Argument `timeout` of `bash` must be a positive number of seconds, got {value}. Leave it out {without}."
+
+
 class Tools:
     """The four tools bound to one checkout and its sandbox."""
 
@@ -334,8 +340,8 @@ class Tools:
             raise ToolError(f"The command contains a NUL byte at character {command.index(chr(0))}; "
                             "bash cannot run it. Write binary data with printf escapes instead.")
         if timeout is not None and timeout <= 0:   # not "no timeout": say so rather than apply the default
-            raise ToolError(f"Argument `timeout` of `bash` must be a positive number of seconds, got {timeout:g}. "
-                            f"Leave it out for the default limit of {self.command_timeout_s:g} seconds.")
+            raise ToolError(bad_timeout_message(f"{timeout:g}", f"for the default limit of "
+                                                                f"{self.command_timeout_s:g} seconds"))
         limit = self.command_timeout_s if timeout is None else min(timeout, self.command_timeout_s)
         res = self.sandbox.run(command, limit)
         lines = res.output.split("\n")
@@ -351,6 +357,8 @@ class Tools:
                             f"{self.sandbox.limits.max_output_bytes} bytes")
         if res.timed_out:
             raise ToolError(text + f"\n\nCommand timed out after {limit:g} seconds (the time limit)")
+        if res.stopped:   # the output's last line says which process stopped itself
+            raise ToolError(text)
         if res.exit_code != 0:
             raise ToolError(text + f"\n\nCommand exited with code {res.exit_code}{self._why(res.exit_code)}")
         return text

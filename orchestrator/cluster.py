@@ -8,7 +8,8 @@ CPU, which deadlocks small boxes), and all of them go into one placement group w
 bundles are the actors' resource shapes, so fractional GPUs share a card by config alone.
 Actors are named for what they are (`rollout-0`, `learner-0`, `env-0`, `evaluator`), which is
 how the dashboard's Actors page lists them; a training run's actors copy their output into
-`<run_dir>/logs/<name>.log` (actors/logfiles.py).
+`<run_dir>/logs/<name>.log` on the driver's node, those on other nodes through a `log-sink`
+actor there (actors/logfiles.py).
 
 On several nodes, `ray.placement_strategy` spreads the bundles and `ray.role_resources`
 adds custom resources to a role's bundles, pinning it to the nodes that offer them.
@@ -17,17 +18,18 @@ adds custom resources to a role's bundles, pinning it to the nodes that offer th
 from __future__ import annotations
 
 import os
+import time
 from functools import partial
 from pathlib import Path
 
 import ray
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from actors.engine import engine_env_vars
 from actors.env_actor import EnvActor
 from actors.learner_group import LearnerGroup
-from actors.logfiles import LOG_ENV, with_output_copied
+from actors.logfiles import LOG_ENV, LOG_NODE_ENV, LOG_SINK_ENV, LogSink, with_output_copied
 from actors.recording_proxy import RecordingProxy
 from actors.rollout_worker import RolloutWorker
 from orchestrator.evaluator import Evaluator
@@ -37,9 +39,10 @@ from rl.config import RunConfig
 from rl.default_model import resolve_model_path
 
 
-def actor_env(cfg: RunConfig, threads: int, log_file: Path | None = None) -> dict:
+def actor_env(cfg: RunConfig, threads: int, log_file: Path | None = None, log_route: dict | None = None) -> dict:
     """Environment for actor processes: thread counts and vLLM's CPU knobs, set before import;
-    with log_file, the actor's output is also copied there."""
+    with log_file, the actor's output is also copied there (by way of log_route's sink from
+    another node)."""
     env = {"env_vars": {
         **engine_env_vars(cfg.rollout, threads),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -52,6 +55,7 @@ def actor_env(cfg: RunConfig, threads: int, log_file: Path | None = None) -> dic
     }}
     if log_file is not None:
         env["env_vars"][LOG_ENV] = str(Path(log_file).resolve())
+        env["env_vars"].update(log_route or {})
     return env
 
 
@@ -117,6 +121,22 @@ class Placement:
             alive = [{"address": n["NodeManagerAddress"], "resources": n["Resources"]} for n in ray.nodes()
                      if n["Alive"]]
             raise RuntimeError(placement_failure(cfg, flat, ray.cluster_resources(), alive))
+        self.node_ids = dict(placement_group_table(self.group)["bundles_to_node_id"])  # bundle -> node, as placed
+        self.names: dict[str, str] = {}  # "learner/0" -> the actor's name, as named in options()
+        self.log_route = self._log_route() if log_dir is not None else {}
+
+    def _log_route(self) -> dict[str, str]:
+        """The env vars that send the logs of actors placed off the driver's node to a LogSink
+        on it (started only then)."""
+        here = ray.get_runtime_context().get_node_id()
+        if set(placement_group_table(self.group)["bundles_to_node_id"].values()) <= {here}:
+            return {LOG_NODE_ENV: here}
+        name = actor_name("log-sink")
+        self.log_sink = ray.remote(LogSink).options(
+            name=name, num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)
+        ).remote(str(Path(self.log_dir).resolve()))
+        ray.get(self.log_sink.__ray_ready__.remote())
+        return {LOG_NODE_ENV: here, LOG_SINK_ENV: name}
 
     def nodes(self) -> dict[str, str]:
         """{"rollout/0": node address, ...}: the node each actor's bundle was placed on."""
@@ -130,12 +150,43 @@ class Placement:
 
     def options(self, role: str, i: int, cfg: RunConfig, threads: int = 1) -> dict:
         shape = self.shapes[role][i]
-        name = actor_name(role, i)
+        name = self.names[f"{role}/{i}"] = actor_name(role, i)
         log_file = self.log_dir / f"{name}.log" if self.log_dir is not None else None
         return {**_resource_options(shape), "name": name,
-                "runtime_env": actor_env(cfg, threads, log_file),
+                "runtime_env": actor_env(cfg, threads, log_file, self.log_route),
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(
                     self.group, placement_group_bundle_index=self.offsets[role] + i)}
+
+
+    def lost_nodes(self, wait_s: float = 0.0) -> dict[str, list[str]]:
+        """{address of a node that has died: names of this placement's actors that were on it},
+        polling up to wait_s for Ray to declare the node dead (its health checks take a while
+        after an actor on it has already failed)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            nodes = {n["NodeID"]: n for n in ray.nodes()}
+            dead: dict[str, list[str]] = {}
+            for slot, name in self.names.items():   # the actors built, not every bundle
+                role, i = slot.split("/")
+                node = nodes.get(self.node_ids[self.offsets[role] + int(i)])
+                if node is not None and not node["Alive"]:
+                    dead.setdefault(node["NodeManagerAddress"], []).append(name)
+            if dead or time.monotonic() >= deadline:
+                return dead
+            time.sleep(1.0)
+
+
+def node_died_message(dead: dict[str, list[str]], step: int, checkpoint: int | None, run_dir: Path,
+                      error: BaseException) -> str:
+    """What a run that lost a node says: which actors, where, the step, and how to resume."""
+    lost = "; ".join(f"{', '.join(names)} on {address}" for address, names in dead.items())
+    first = (str(error).strip().splitlines() or [""])[0][:300]
+    kept = f"its last checkpoint is step {checkpoint}" if checkpoint else "it has no checkpoint yet (a resume starts over)"
+    return (f"node died during step {step}: {lost} went with it ({type(error).__name__}: {first}). The run "
+            f"directory keeps every finished episode of the step and {kept}; resume with "
+            f"`rlvr train --resume {Path(run_dir).resolve()}` (under `ray job submit`, the entrypoint "
+            f"`python -m cli.main train --resume {Path(run_dir).resolve()}`) once the cluster offers the "
+            "node's resources again.")
 
 
 def placement_failure(cfg: RunConfig, flat: list[dict], cluster: dict, nodes: list[dict] = ()) -> str:

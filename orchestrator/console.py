@@ -36,10 +36,12 @@ class Console:
     @contextlib.contextmanager
     def progress(self, step: int, total: int, done: int = 0) -> Iterator[Callable]:
         """A bar over the step's episodes (done/total, tokens/s, reward so far); yields the
-        per-episode callback the rollout source calls from any thread."""
+        per-episode callback the rollout source calls from any thread. `done` episodes (a resumed
+        step's, finished before) count from the start; the rate and reward are the new ones'."""
         from tqdm import tqdm
 
-        bar = tqdm(total=total, initial=done, desc=f"step {step}/{self.total_steps}", unit="ep",
+        desc = f"step {step}/{self.total_steps}" + (f" ({done} reused)" if done else "")
+        bar = tqdm(total=total, initial=done, desc=desc, unit="ep",
                    file=self.stream, leave=True, dynamic_ncols=True, mininterval=1.0,
                    disable=not self.progress_on)
         lock, rewards, t0 = threading.Lock(), [], time.time()

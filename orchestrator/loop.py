@@ -31,7 +31,7 @@ from pathlib import Path
 import ray
 
 from orchestrator.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
-from orchestrator.cluster import Placement, connect, spawn_learners, spawn_rollout_workers
+from orchestrator.cluster import Placement, connect, node_died_message, spawn_learners, spawn_rollout_workers
 from orchestrator.console import Console
 from orchestrator.episode_store import EpisodeStore
 from orchestrator.metrics import MetricsLog, read_metrics, step_time_budget, timed
@@ -70,6 +70,7 @@ class Trainer:
         self._start_probe = None  # a fresh run's start probe, issued before its first rollout
         self._issued: IssuedSync | None = None  # the last overlapped step's sync, applied while the next one learns
         self._last_probe: tuple[float, float] = (0.0, 0.0)  # the latest completed parity probe (mean, max)
+        self._step = 0  # the step in flight (a failure names it)
 
     # ---- set-up ------------------------------------------------------------------
     def _start(self, roll_first_step: bool = False) -> None:
@@ -163,7 +164,28 @@ class Trainer:
     def run(self) -> Path:
         self._start(roll_first_step=True)
         first = self._restore()
+        try:
+            return self._run(first)
+        except Exception as e:
+            lost = self._node_death(e)
+            if lost is None:
+                raise
+            raise RuntimeError(lost) from e
+
+    def _node_death(self, error: Exception) -> str | None:
+        """What to say when a node with actors of this run died (their names, the resume
+        command); None when none did. After an actor error, Ray may take a while to declare its
+        node dead."""
+        actor_error = any(isinstance(c, ray.exceptions.RayActorError) for c in _causes(error))
+        dead = self.placement.lost_nodes(wait_s=60.0 if actor_error else 0.0)
+        if not dead:
+            return None
+        found = latest_checkpoint(self.run_dir)
+        return node_died_message(dead, self._step, found[0] if found else None, self.run_dir, error)
+
+    def _run(self, first: int) -> Path:
         for step in range(first, self.cfg.trainer.steps + 1):
+            self._step = step
             metrics = self.step(step)
             self.metrics.log(step, metrics)
             self.tracker.log_step(step, metrics)
@@ -275,9 +297,11 @@ class Trainer:
         return {}
 
     def _collect(self, step: int) -> StepGroups:
-        """This step's groups (dynamic sampling replaces tying ones), under a progress bar."""
+        """This step's groups (dynamic sampling replaces tying ones), under a progress bar that
+        starts at the episodes a killed run already finished (reused, not rolled out again)."""
         total = self.cfg.trainer.batch_size * self.cfg.trainer.group_size
-        with self.console.progress(step, total) as bar:
+        reused = sum(len(g) for g in self.store.load_groups(step).values())
+        with self.console.progress(step, max(total, reused), done=reused) as bar:
             return collect_step(step, self.rollouts, self.store, self.cfg, on_episode_done=bar)
 
     def _to_samples(self, episodes: list[Episode]) -> list[TrainSample]:
@@ -313,6 +337,15 @@ def _refuse_all_failed(step: int, episodes: list[Episode]) -> None:
     if all(e.record.stop_reason == "error" for e in episodes):
         first = episodes[0].record
         raise RuntimeError(f"every rollout of step {step} failed; the first: {first.error or first.reward_error}")
+
+
+def _causes(error: BaseException | None):
+    """The error and the ones it was raised from or during."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
 
 
 def _tuple_state(state):

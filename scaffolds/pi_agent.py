@@ -31,6 +31,7 @@ from typing import IO, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from envs.sandbox import chown_tree, sandbox_python_dir
+from envs.tools import bad_timeout_message
 from rl.config import ScaffoldConfig
 from rl.paths import rlvr_home
 from scaffolds import socket_forward
@@ -39,6 +40,7 @@ from scaffolds.socket_forward import UnixToTcp
 from scaffolds.system_prompt import CODING_SYSTEM_PROMPT
 
 PI_PACKAGE = "@mariozechner/pi-coding-agent"
+PI_GUARD = Path(__file__).with_name("pi_guard.js")   # pi's one extension: refuses a bash timeout <= 0
 PROVIDER = "local"
 MARKER_ENV = "RLVR_EPISODE_MARKER"  # tags every process of one episode, so none can be missed at cleanup
 STOP_REASONS = ("stop", "length", "toolUse", "error", "aborted")  # pi's own
@@ -164,9 +166,10 @@ def write_pi_config(config_dir: Path, base_url: str, model_id: str, context_wind
     (config_dir / "settings.json").write_text(json.dumps(settings, indent=1))
 
 
-def pi_argv(model_id: str, task_prompt: str, system_prompt: str | None) -> list[str]:
+def pi_argv(model_id: str, task_prompt: str, system_prompt: str | None, guard: str) -> list[str]:
+    """guard: where pi finds scaffolds/pi_guard.js (the only extension it loads)."""
     argv = [node_path(), str(pi_cli_path()), "--mode", "json", "--no-session", "-nc",
-            "--no-extensions", "--no-skills", "--no-prompt-templates", "--no-themes",
+            "--no-extensions", "--extension", guard, "--no-skills", "--no-prompt-templates", "--no-themes",
             "--model", f"{PROVIDER}/{model_id}"]
     if system_prompt is not None:
         argv += ["--system-prompt", system_prompt]
@@ -174,7 +177,9 @@ def pi_argv(model_id: str, task_prompt: str, system_prompt: str | None) -> list[
 
 
 class Launcher(Protocol):
-    """Where pi runs. `start` returns a process whose stdout is pi's event stream."""
+    """Where pi runs. `start` returns a process whose stdout is pi's event stream; `guard` is
+    scaffolds/pi_guard.js as pi sees it."""
+    guard: str
 
     def prepare(self, work: Path, base_url: str) -> tuple[Path, str, str]:
         """Set up the episode's private dir; return (config dir on the host, the same dir as pi
@@ -191,6 +196,7 @@ class Launcher(Protocol):
 class HostLauncher:
     """pi as a plain process group on the host, cwd = checkout. Development and tests only:
     nothing confines what the agent runs."""
+    guard = str(PI_GUARD)
 
     def __init__(self, checkout: str | Path, grace_s: float = 2.0):
         self.checkout = Path(checkout)
@@ -227,6 +233,7 @@ class HostLauncher:
 
 INSIDE_RUN = "/run/rlvr"              # the episode's private dir inside the sandbox
 INSIDE_FORWARDER = "/run/rlvr-forward.py"
+INSIDE_GUARD = "/run/rlvr-pi-guard.js"
 INSIDE_PORT = 18080                   # the sandbox has its own network namespace: no clashes
 
 
@@ -237,6 +244,7 @@ class SandboxLauncher:
     and a forwarder that listens on 127.0.0.1:INSIDE_PORT inside the sandbox and starts pi.
     Killing the sandbox's process group collapses its pid namespace: nothing survives.
     """
+    guard = INSIDE_GUARD
 
     def __init__(self, sandbox, cpu_s: int | None = None):
         self.sandbox = sandbox
@@ -267,7 +275,8 @@ class SandboxLauncher:
         pi_home = str(rlvr_home() / "pi")
         return self.sandbox.popen(
             inner, env=env, memory_mib=0, cpu_s=self.cpu_s,
-            extra_ro_binds=[(pi_home, pi_home), (socket_forward.__file__, INSIDE_FORWARDER)],
+            extra_ro_binds=[(pi_home, pi_home), (socket_forward.__file__, INSIDE_FORWARDER),
+                            (str(PI_GUARD), INSIDE_GUARD)],
             extra_rw_binds=[(str(self._work), INSIDE_RUN)],
             stdout=subprocess.PIPE, stderr=stderr)
 
@@ -336,7 +345,8 @@ def run_pi_episode(launcher: Launcher, task_prompt: str, base_url: str, model_id
     events_file = Path(events_path) if events_path else work / "events.jsonl"
     events_file.parent.mkdir(parents=True, exist_ok=True)
     marker = uuid.uuid4().hex
-    env = {"PI_OFFLINE": "1", "NO_COLOR": "1", "PYTHONDONTWRITEBYTECODE": "1", MARKER_ENV: marker}
+    env = {"PI_OFFLINE": "1", "NO_COLOR": "1", "PYTHONDONTWRITEBYTECODE": "1", MARKER_ENV: marker,
+           "RLVR_BAD_TIMEOUT_MESSAGE": bad_timeout_message("{value}", "to run the command without a time limit")}
     start = time.monotonic()
     try:
         with open(events_file, "w") as log, open(work / "stderr.txt", "wb") as err:
@@ -344,7 +354,7 @@ def run_pi_episode(launcher: Launcher, task_prompt: str, base_url: str, model_id
             config_dir, inside_config_dir, inside_url = launcher.prepare(work, base_url)
             write_pi_config(config_dir, inside_url, model_id, context_window, max_tokens, retries)
             env["PI_CODING_AGENT_DIR"] = inside_config_dir
-            proc = launcher.start(pi_argv(model_id, task_prompt, system_prompt), env, err)
+            proc = launcher.start(pi_argv(model_id, task_prompt, system_prompt, launcher.guard), env, err)
             ended_by = _drive(launcher, proc, stream, cfg, poll_s)
         stderr_tail = (work / "stderr.txt").read_text(errors="replace")[-2000:]
         return _judge(stream, ended_by, proc.returncode, time.monotonic() - start, stderr_tail,

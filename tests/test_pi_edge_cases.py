@@ -141,6 +141,25 @@ def test_garbage_tool_arguments_become_tool_failure(episode):
     assert tool_msgs, "the failure must be reported back to the model"
 
 
+@pytest.mark.parametrize("timeout", [0, -3])
+def test_bash_timeout_of_zero_or_less_is_refused(episode, timeout):
+    """pi would run such a call with no time limit; it is refused, naming the value."""
+    script = [tool_call("bash", json.dumps({"command": "echo ran > out.txt", "timeout": timeout})), text("Done.")]
+    outcome, _, requests, checkout = episode(script)
+    assert outcome.stop_reason == "stop" and outcome.tool_failures == 1
+    [reply] = [m for m in requests[1]["messages"] if m["role"] == "tool"]
+    assert f"must be a positive number of seconds, got {timeout}" in str(reply["content"]), reply
+    assert not (checkout / "out.txt").exists()
+
+
+def test_bash_timeout_keeps_pis_meaning(episode):
+    script = [tool_call("bash", json.dumps({"command": "sleep 30", "timeout": 1})), text("Done.")]
+    outcome, elapsed, requests, _ = episode(script)
+    [reply] = [m for m in requests[1]["messages"] if m["role"] == "tool"]
+    assert "Command timed out after 1 seconds" in str(reply["content"]), reply
+    assert outcome.tool_failures == 1 and elapsed < 25
+
+
 def test_turn_cap_ends_looping_agent(episode):
     outcome, _, requests, _ = episode([tool_call("bash", '{"command": "true"}')], max_turns=3)
     assert outcome.stop_reason == "max_turns"

@@ -6,6 +6,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 
 from envs import sandbox as sbx
 from envs.sandbox import Limits, QuotaDir, Sandbox, chown_tree, processes_of_uid
+from envs.testrun import BASE_PYTEST, run_tests
 
 UID = 63900
 WORK = Path("/tmp/agentic-rlvr-test")
@@ -41,6 +43,18 @@ def test_runs_confined_as_unprivileged_user(box):
     lines = res.output.split()
     assert res.exit_code == 0 and lines[0] == str(UID) and lines[1] == "/repo"
     assert "root" not in lines and "home" not in lines and "work" not in lines
+
+
+def test_processes_inside_show_no_host_path(box):
+    """ps, and every process's command line and environment: bwrap (the sandbox's pid 1) got
+    its bind mounts through a file descriptor and a bare environment, so neither the checkout's
+    host path, the project's, its venv's nor /root shows."""
+    res = box.run("ps auxww; for f in /proc/[0-9]*/cmdline /proc/[0-9]*/environ; do "
+                  "echo \"$f: $(tr '\\0' ' ' < $f)\"; done", 10)
+    assert res.exit_code == 0 and "/proc/1/cmdline: bwrap" in res.output and "ps auxww" in res.output, res.output
+    project = Path(__file__).resolve().parent.parent
+    for host in (str(box.workdir), str(box.tmp_dir), str(project), sys.prefix, "/root", "/work"):
+        assert host not in res.output, f"{host} shows inside the sandbox:\n{res.output}"
 
 
 def test_no_network(box):
@@ -140,9 +154,23 @@ def test_a_command_that_stops_itself_is_ended_promptly(box):
     the run ends within seconds instead of at its time limit."""
     start = time.monotonic()
     res = box.run("echo before; python3 -c 'import os, signal; os.kill(os.getpid(), signal.SIGSTOP)'", 60)
-    assert res.timed_out and "stopped itself" in res.output and "before" in res.output
+    assert res.stopped and not res.timed_out and res.exit_code == -19 and "before" in res.output
+    assert "python3 stopped themselves (SIGSTOP or SIGTSTP)" in res.output.splitlines()[-1], res.output
     assert time.monotonic() - start < 10
     assert processes_of_uid(UID) == []
+
+
+def test_a_test_run_whose_code_stops_itself_ends_promptly(box):
+    """Verification of a body that SIGSTOPs its own (the pytest) process ends in seconds, not
+    at its 120 s limit, and its output says why."""
+    (box.workdir / "test_stop.py").write_text("import os, signal\n\n\ndef test_stops():\n"
+                                              "    os.kill(os.getpid(), signal.SIGSTOP)\n")
+    chown_tree(box.workdir, UID)
+    start = time.monotonic()
+    run = run_tests(box, BASE_PYTEST, timeout_s=120.0)
+    assert time.monotonic() - start < 10
+    assert not run.finished and not run.timed_out and run.exit_code == -19
+    assert "stopped themselves (SIGSTOP or SIGTSTP)" in run.output.splitlines()[-1], run.output
 
 
 def test_background_processes_die_with_the_command(box):

@@ -92,6 +92,12 @@ def test_bash_exit_code_and_timeout(env):
     assert env.call_tool("bash", {"command": "true"}).content == "(no output)"
 
 
+def test_bash_command_that_stops_itself_is_an_error_that_says_so(env):
+    res = env.call_tool("bash", {"command": "echo before; kill -STOP $$"})
+    assert res.is_error and "before" in res.content and "timed out" not in res.content
+    assert "bash stopped themselves (SIGSTOP or SIGTSTP)" in res.content, res.content
+
+
 @pytest.mark.parametrize("name,args,expect", [
     ("read", {}, "missing required argument(s): path. It accepts: path (string, required), offset"),
     ("edit", {"path": "x.py"}, "missing required argument(s): edits"),

@@ -7,6 +7,7 @@ With TWO_NODE_RECORD=<folder> each run's metrics rows, actor placement and job t
 also written there (docs/results/two-node/ holds such a record)."""
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -99,6 +100,47 @@ def test_length_run_with_the_learner_on_a_node_without_the_run_dir(cluster, mode
     metrics = check_run(run_dir, cluster, 2, synced=True, rollout="head", learner="worker")
     record(f"length-{strategy}-learner-on-worker", cluster, entrypoint=entry, **times, metrics=metrics)
     assert (run_dir / "checkpoints" / "step_000002" / "learner" / "adapter" / "adapter_model.safetensors").is_file()
+    assert_logged_from(run_dir, "learner-0", cluster.worker_ip)
+    assert_logged_from(run_dir, "rollout-0", cluster.head_ip)
+
+
+def assert_logged_from(run_dir: Path, actor: str, ip: str) -> str:
+    """The actor's log is in the head's run directory, written (also) by the actor on `ip`
+    (the worker node cannot see that directory: its lines came through the log sink)."""
+    log = run_dir / "logs" / f"{actor}.log"
+    assert log.is_file(), sorted(p.name for p in (run_dir / "logs").glob("*"))
+    text = log.read_text(errors="replace")
+    assert f"[rlvr] {actor} on node {ip} " in text, text[:2000]
+    return text
+
+
+def test_a_worker_node_that_dies_fails_the_run_naming_its_actors(cluster, model_path):
+    """The worker's raylet is killed mid-run (step 1 checkpointed): the job fails with the
+    learner's name, "node died", and the resume command, and the learner's log (from the dead
+    node) is in the head's run directory. The worker node is started again afterwards."""
+    run_dir = cluster.hidden / "node-dies"
+    entry = [*TRAIN, str(REPO / "configs" / "length.yaml"), "ray.address=auto", f"trainer.run_dir={run_dir}",
+             "trainer.steps=3", "trainer.batch_size=2", "trainer.group_size=4", "ray.placement_strategy=SPREAD",
+             *placed(rollout="head", learner="worker")]
+    try:
+        job, status, _ = run_job(cluster, entry, 900, until=lambda: (latest_checkpoint(run_dir) or (0,))[0] >= 1)
+        assert status == "RUNNING", cluster.logs(job)[-4000:]
+        cluster.kill_worker_raylet()
+        t0 = time.time()
+        status = cluster.wait(job, 300)
+        failed_s = time.time() - t0
+        logs = cluster.logs(job)
+        assert status == "FAILED", logs[-4000:]
+        assert re.search(rf"node died during step \d: learner-0 on {re.escape(cluster.worker_ip)} went with it",
+                         logs), logs[-4000:]
+        assert f"rlvr train --resume {run_dir}" in logs, logs[-4000:]
+        learner_log = assert_logged_from(run_dir, "learner-0", cluster.worker_ip)
+        assert "learner-0.log (last" in logs, "the failure tail shows the dead node's actor log"
+        line = next(x for x in logs.splitlines() if "node died during step" in x)
+        record("node-dies", cluster, entrypoint=entry, failed_after_kill_s=failed_s, error=line.strip(),
+               learner_log_lines=len(learner_log.splitlines()))
+    finally:
+        cluster.restart_worker()
 
 
 @pytest.mark.heavy

@@ -94,6 +94,46 @@ def test_progress_bar_counts_episodes_then_one_summary_line(tokenizer):
     assert line == "[step 2/3 | 61s] reward_mean=0.5 time_rollout_s=12"
 
 
+def test_a_resumed_steps_bar_counts_its_reused_episodes(tmp_path, tokenizer):
+    """A step killed after its first group resumes with that group from the episode store: the
+    bar starts at its 3 episodes and ends at 6/6, not 3/6."""
+    from orchestrator.episode_store import EpisodeStore
+    from orchestrator.loop import Trainer
+    from orchestrator.rollouts.base import step_group_specs
+
+    cfg = load_config(REPO / "configs" / "length.yaml", ["trainer.batch_size=2", "trainer.group_size=3",
+                                                         "trainer.dynamic_sampling.enabled=false"])
+
+    def group(spec) -> list[Episode]:
+        made = [_episode(tokenizer, r, "a b") for r in (0.0, 0.5, 1.0)]
+        return [Episode(spec.group_id, e.reward, e.sequences, e.record) for e in made]
+
+    class Scripted:
+        names = ["p0", "p1"]
+
+        def group_specs(self, step):
+            return step_group_specs(step, 2, cfg.trainer.seed, self.names)
+
+        def run_groups(self, specs, step, on_group_done, on_episode_done=None):
+            for spec in specs:
+                episodes = group(spec)
+                for e in episodes:
+                    on_episode_done(e)
+                on_group_done(episodes)
+
+        def rescue_calls(self, index):
+            return 0
+
+    trainer = Trainer.__new__(Trainer)
+    out = io.StringIO()
+    trainer.cfg, trainer.store, trainer.rollouts = cfg, EpisodeStore(tmp_path), Scripted()
+    trainer.console = Console(total_steps=1, stream=out)
+    trainer.store.append_group(1, group(trainer.rollouts.group_specs(1)[0]))
+    sampled = trainer._collect(1)
+    assert len(sampled.reused) == 1 and len(sampled.groups) == 2
+    assert "(3 reused)" in out.getvalue() and "6/6" in out.getvalue(), out.getvalue()
+
+
 def test_final_table_names_what_exists(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("")
     (tmp_path / "reward_curve.png").write_bytes(b"png")
@@ -124,6 +164,16 @@ def test_actor_output_is_copied_to_its_log_and_still_printed(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "python stdout" in res.stdout and "C-level write" in res.stdout and "python stderr" in res.stderr
     assert {"python stdout", "python stderr", "C-level write"} <= set(log.read_text().splitlines())
+
+
+def test_a_lost_node_names_its_actors_the_step_and_the_resume_command(tmp_path):
+    from orchestrator.cluster import node_died_message
+
+    msg = node_died_message({"10.0.0.2": ["learner-0", "env-0"]}, 3, 2, tmp_path / "run",
+                            RuntimeError("The actor died because its node has died.\nmore"))
+    assert msg.startswith("node died during step 3: learner-0, env-0 on 10.0.0.2 went with it (RuntimeError: "
+                          "The actor died because its node has died.)")
+    assert "last checkpoint is step 2" in msg and f"`rlvr train --resume {tmp_path / 'run'}`" in msg
 
 
 def test_placement_failure_names_the_head_flag_and_the_config_keys():

@@ -88,6 +88,7 @@ class TwoNodeCluster:
         self.env = {**env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", "RAY_AUTH_MODE": "disabled",
                     "PYTHONPATH": str(REPO), "RAY_DASHBOARD_STARTUP_TIMEOUT_S": "600"}
         self.num_cpus = num_cpus
+        self._worker_starts = 0
         self.temp = tempfile.mkdtemp(prefix="r2n-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
         self.address = f"http://{self.head_ip}:{DASHBOARD_PORT}"
 
@@ -140,13 +141,31 @@ class TwoNodeCluster:
         _check(self.in_head([*head, f"--temp-dir={self.temp}/head", *private], capture_output=True, text=True,
                             timeout=900))
         self.hidden.mkdir(parents=True, exist_ok=True)
-        # The worker's mount namespace: the head's run directory is an empty tmpfs there.
-        worker = shlex.join([*as_argv(commands["worker"], **ips), f"--temp-dir={self.temp}/worker", *private])
+        self._start_worker(f"{self.temp}/worker")
+        self._wait_for_jobs_api()
+
+    def _start_worker(self, temp_dir: str) -> None:
+        """The worker node, in a mount namespace where the head's run directory is an empty tmpfs."""
+        ips = {"HEAD_IP": self.head_ip, "WORKER_IP": self.worker_ip}
+        worker = shlex.join([*as_argv(readme_commands()["worker"], **ips), f"--temp-dir={temp_dir}",
+                             f"--num-cpus={self.num_cpus}", "--disable-usage-stats"])
         script = f"mount -t tmpfs -o size=1m rlvr-hidden {shlex.quote(str(self.hidden))} && exec {worker}"
         _check(subprocess.run(["ip", "netns", "exec", self.worker_ns, "unshare", "--mount", "--propagation",
                                "private", "sh", "-c", script], env=self.env, capture_output=True, text=True,
                               timeout=900))
-        self._wait_for_jobs_api()
+
+    def kill_worker_raylet(self) -> int:
+        """SIGKILL the worker node's raylet (the node dies; its processes follow); its pid."""
+        out = subprocess.run(["ip", "netns", "pids", self.worker_ns], capture_output=True, text=True, timeout=30)
+        [pid] = [int(p) for p in out.stdout.split() if Path(f"/proc/{p}/comm").read_text().strip() == "raylet"]
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def restart_worker(self) -> None:
+        """A fresh worker node in place of one that died: what is left of it is killed by pid."""
+        self._kill_ns(self.worker_ns)
+        self._worker_starts += 1
+        self._start_worker(f"{self.temp}/worker{self._worker_starts}")
 
     def close(self) -> None:
         """Kill every process in the two namespaces (all started here), then delete them."""
@@ -156,9 +175,12 @@ class TwoNodeCluster:
         shutil.rmtree(self.temp, ignore_errors=True)
 
     def _kill_all(self) -> None:
+        self._kill_ns(self.head_ns, self.worker_ns)
+
+    def _kill_ns(self, *namespaces: str) -> None:
         for _ in range(3):
             pids = []
-            for ns in (self.head_ns, self.worker_ns):
+            for ns in namespaces:
                 out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=30)
                 pids += [int(p) for p in out.stdout.split()]
             if not pids:
