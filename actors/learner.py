@@ -1,7 +1,7 @@
 """The Learner: base model + PEFT LoRA, AdamW, one GRPO optimizer step per call.
 
 A plain class; the driver wraps it with `ray.remote(Learner)`. The loss goes through the
-chunked fused-linear log-prob (rl.fused_logprob), so the [tokens, vocab] logits are never
+chunked fused-linear log-prob (modeling.fused_logprob), so the [tokens, vocab] logits are never
 materialized. In a data-parallel group (world_size > 1) every rank holds the same LoRA,
 trains on its share of the batch, and gradients are all-reduced before the step; token
 counts are all-reduced first so the loss is normalized by the whole batch's tokens.
@@ -22,22 +22,22 @@ import torch
 import torch.distributed as dist
 
 from actors.sync_cuda_ipc import MergedBuckets, device_uuid
-from rl.checkpoint_layout import CheckpointLayout
-from rl.config import LearnerConfig, ModelConfig
-from rl.fast_kernels import enable_fast_kernels
-from rl.folders import read_folder, write_folder
-from rl.fused_logprob import chunked_target_logprobs, naive_target_logprobs
-from rl.grpo import grpo_token_loss, sequence_weights
-from rl.learner_memory import (
+from modeling.checkpoint_layout import CheckpointLayout
+from modeling.fast_kernels import enable_fast_kernels
+from modeling.fused_logprob import chunked_target_logprobs, naive_target_logprobs
+from modeling.learner_memory import (
     linear_attention_segments,
     peak_memory_gib,
     reset_peak_memory,
     segment_linear_attention,
     tile_mlps,
 )
-from rl.packing import micro_batches, pack, packed_micro_batches, packed_rows
-from rl.sft import cpu_has_bf16
-from rl.shared_prefix import prefix_micro_batches, prefix_row, shared_prefix_rows, use_shared_prefix_attention
+from modeling.packing import micro_batches, pack, packed_micro_batches, packed_rows
+from modeling.precision import cpu_has_bf16
+from modeling.shared_prefix import prefix_micro_batches, prefix_row, shared_prefix_rows, use_shared_prefix_attention
+from rl.config import LearnerConfig, ModelConfig
+from rl.folders import read_folder, write_folder
+from rl.grpo import grpo_token_loss, sequence_weights
 from rl.types import TrainSample
 
 ADAPTER_NAME = "default"
@@ -313,7 +313,7 @@ class Learner:
                             tl.is_capped.sum() if tl.is_capped is not None else zero]).double()
 
     def _packed_micro_step(self, batch: list[TrainSample], weights: list[float]) -> torch.Tensor:
-        """_micro_step on one packed row (rl.packing): no pad tokens, per-sample boundaries kept."""
+        """_micro_step on one packed row (modeling.packing): no pad tokens, per-sample boundaries kept."""
         cfg = self.cfg
         row = {k: v.to(self.device) for k, v in pack(batch, weights).items()}
         sel = row["mask"][:, 1:]
@@ -331,7 +331,7 @@ class Learner:
             return self._backward(tl, row["w"][:, 1:][sel])  # the recompute in backward needs the boundaries too
 
     def _prefix_micro_step(self, batch: list[TrainSample], weights: list[float]) -> torch.Tensor:
-        """_micro_step on one shared-prefix row (rl.shared_prefix): the samples' common prefix
+        """_micro_step on one shared-prefix row (modeling.shared_prefix): the samples' common prefix
         is computed once, each remainder attends to it and to itself."""
         cfg = self.cfg
         row = prefix_row(batch, weights)

@@ -14,7 +14,7 @@ import tempfile
 
 from actors.engine import EngineLoop, Policy, collect_completion, configure_engine_env, scored_logprobs
 from actors.sync_cuda_ipc import WORKER_EXTENSION
-from rl.checkpoint_layout import CheckpointLayout
+from modeling.checkpoint_layout import CheckpointLayout
 from rl.config import ModelConfig, RolloutConfig
 from rl.folders import read_safetensors, write_folder
 from rl.types import CallRecord, Completion

@@ -105,11 +105,11 @@ def main() -> None:
     args = ap.parse_args()
 
     from actors.learner import Learner
+    from modeling.default_model import resolve_model_path
     from orchestrator.cluster import spawn_rollout_workers
     from orchestrator.parity import parity_gap
     from orchestrator.rollouts.agentic import AgenticRollouts
     from rl.config import load_config
-    from rl.default_model import resolve_model_path
 
     sides = {"before": args.before.split(), "after": args.after.split()}
     cfgs = {side: load_config(args.config, [*args.overrides, *extra]) for side, extra in sides.items()}

@@ -30,9 +30,9 @@ def main() -> None:
 
     from actors.learner import Learner
     from bench.learner_memory import build_model
+    from modeling.fast_kernels import enable_fast_kernels
+    from modeling.packing import pack, packed_rows
     from rl.config import LearnerConfig, ModelConfig
-    from rl.fast_kernels import enable_fast_kernels
-    from rl.packing import pack, packed_rows
     from rl.types import TrainSample
 
     device = torch.device("cuda")

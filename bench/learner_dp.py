@@ -88,9 +88,9 @@ def main() -> None:
     import ray
 
     from actors.learner import Learner
+    from modeling.default_model import resolve_model_path
     from orchestrator.cluster import spawn_learners
     from rl.config import RunConfig
-    from rl.default_model import resolve_model_path
 
     path = resolve_model_path(args.model)
     vocab = json.loads(Path(path, "config.json").read_text())["vocab_size"]

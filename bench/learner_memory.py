@@ -112,7 +112,7 @@ def build_model(name: str, device, dtype):
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
         return "", model
-    from rl.default_model import resolve_model_path
+    from modeling.default_model import resolve_model_path
     return resolve_model_path(name), None
 
 

@@ -1,5 +1,5 @@
 """The GRPO loss through the LM head, side by side: the project's chunked log-prob loss
-(rl.fused_logprob + rl.grpo) against liger-kernel's LigerFusedLinearGRPOLoss.
+(modeling.fused_logprob + rl.grpo) against liger-kernel's LigerFusedLinearGRPOLoss.
 
 Same hidden states, frozen LM head, targets, old log-probs and advantages; one forward+backward to
 the hidden states per call. Reports extra peak memory over the inputs, median time, and the loss
@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rl.fused_logprob import chunked_target_logprobs  # noqa: E402
+from modeling.fused_logprob import chunked_target_logprobs  # noqa: E402
 from rl.grpo import grpo_token_loss  # noqa: E402
 
 EPS_LOW, EPS_HIGH = 0.2, 0.28

@@ -72,8 +72,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from actors.rollout_worker import RolloutWorker
+    from modeling.default_model import resolve_model_path
     from rl.config import load_config
-    from rl.default_model import resolve_model_path
 
     cfg = load_config(args.config)
     model_path = resolve_model_path(cfg.model.path)

@@ -91,8 +91,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from actors.rollout_worker import RolloutWorker
+    from modeling.default_model import resolve_model_path
     from rl.config import ModelConfig, RolloutConfig
-    from rl.default_model import resolve_model_path
 
     cfg = RolloutConfig(max_model_len=1024, max_tokens=args.max_tokens, max_num_seqs=max(16, args.prompts))
     t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 """Warm-start SFT memory and speed on the Qwen3.5-4B shape under a GPU memory cap.
 
-The same trainer as `rlvr warm-start` (rl/sft.py's TRL SFTConfig: pre-tokenized rows, PEFT
+The same trainer as `rlvr warm-start` (modeling/sft.py's TRL SFTConfig: pre-tokenized rows, PEFT
 LoRA, TRL's chunked NLL loss, which never materialises the [tokens, vocab] logits), one row of
 N tokens per step, random weights in the real shape (vocab 248,320). Each configuration runs
 in its own process, capped with torch.cuda.set_per_process_memory_fraction, so a 24 GiB card
@@ -33,8 +33,8 @@ def worker(tokens: int, lever: str, cap_gib: float, steps: int, kernels: str) ->
 
     from bench.learner_memory import QWEN35_4B
     from bench.qwen35_checkpoint import tiny_tokenizer
+    from modeling.sft import _sft_args, select_kernels
     from rl.config import WarmStartConfig
-    from rl.sft import _sft_args, select_kernels
 
     total = torch.cuda.mem_get_info()[1]
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * 2**30 / total))

@@ -132,8 +132,8 @@ def trl_child(out: str, steps: int, threads: int, bf16: bool) -> None:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from modeling.default_model import resolve_model_path
     from rl.config import LearnerConfig
-    from rl.default_model import resolve_model_path
     from rl.length_reward import LENGTH_PROMPTS
 
     times: dict[str, list] = {"begin": [], "end": [], "reward": [], "length": [], "generate": []}
@@ -464,7 +464,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.build_qwen2:
         if not args.tokenizer:
-            from rl.default_model import resolve_model_path
+            from modeling.default_model import resolve_model_path
             args.tokenizer = resolve_model_path("default")
         print(json.dumps(build_qwen2(args.build_qwen2, args.tokenizer)))
         return

@@ -35,11 +35,11 @@ def main() -> None:
 
     import ray
 
+    from modeling.default_model import resolve_model_path
     from orchestrator.cluster import connect, spawn_learners, spawn_rollout_workers
     from orchestrator.parity import run_parity_probe
     from orchestrator.weight_sync import TRANSPORTS, make_weight_sync
     from rl.config import RunConfig
-    from rl.default_model import resolve_model_path
     from rl.types import TrainSample
 
     path = resolve_model_path(args.model)

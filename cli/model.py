@@ -1,7 +1,7 @@
 """`rlvr model`: build the default small model once (later runs find it in the cache)."""
 from __future__ import annotations
 
-from rl.default_model import prepare_default_model
+from modeling.default_model import prepare_default_model
 
 
 def register(sub) -> None:

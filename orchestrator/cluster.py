@@ -32,11 +32,11 @@ from actors.learner_group import LearnerGroup
 from actors.logfiles import LOG_ENV, LOG_NODE_ENV, LOG_SINK_ENV, LogSink, with_output_copied
 from actors.recording_proxy import RecordingProxy
 from actors.rollout_worker import RolloutWorker
+from modeling.default_model import resolve_model_path
 from orchestrator.evaluator import Evaluator
 from orchestrator.harvest import Harvester
 from orchestrator.node_check import check_env_node, distinct_sdists
 from rl.config import RunConfig
-from rl.default_model import resolve_model_path
 
 
 def actor_env(cfg: RunConfig, threads: int, log_file: Path | None = None, log_route: dict | None = None) -> dict:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import ray
 
+from modeling.default_model import default_model_dir, resolve_model_path
 from orchestrator.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from orchestrator.cluster import Placement, connect, node_died_message, spawn_learners, spawn_rollout_workers
 from orchestrator.console import Console
@@ -46,7 +47,6 @@ from orchestrator.tracker import Tracker
 from orchestrator.weight_sync import IssuedSync, WeightSync, make_weight_sync
 from rl.advantages import group_advantages
 from rl.config import DEFAULT_MODEL, RunConfig, dump_config
-from rl.default_model import default_model_dir, resolve_model_path
 from rl.types import TrainSample
 
 

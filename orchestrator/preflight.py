@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from rl.checkpoint_layout import CheckpointLayout
+from modeling.checkpoint_layout import CheckpointLayout
 from rl.config import RunConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -117,7 +117,7 @@ def check_versions(gpu: bool, found: dict[str, str | None], pins: dict[str, str]
 
 def check_fast_kernels(layout: CheckpointLayout | None, fla_present: bool, cuda: bool,
                        agreement: dict | None = None) -> Check:
-    """agreement: rl.fast_kernels' start-up check result (full doctor on a GPU), else None."""
+    """agreement: modeling.fast_kernels' start-up check result (full doctor on a GPU), else None."""
     name = "Gated-DeltaNet kernels"
     if layout is None or not layout.hybrid_linear_attention:
         return Check(name, "skip", "the model has no Gated-DeltaNet layers")
@@ -165,8 +165,8 @@ def check_pi(cfg: RunConfig, cli: Path, node: str | None, node_version: str | No
 
 def check_model(path: str, tools: list[dict]) -> tuple[Check, CheckpointLayout | None]:
     """The folder loads and its chat template renders the tools (names inside the prompt)."""
+    from modeling.default_model import ADAPTER_BASE_FILE, default_model_dir
     from rl.config import DEFAULT_MODEL
-    from rl.default_model import ADAPTER_BASE_FILE, default_model_dir
 
     if Path(path, "adapter_config.json").is_file():   # a shipped warm-start: merged onto its base on first use
         base_file = Path(path, ADAPTER_BASE_FILE)
@@ -283,8 +283,8 @@ def run_checks(cfg: RunConfig, full: bool = False) -> list[Check]:
     checks.append(check_sandbox(cfg, check_host))
     checks.append(check_pi(cfg, pi_cli_path(), *node_facts(), pi_locked_version()))
     checks.append(model_check)
+    from modeling.default_model import default_model_dir
     from rl.config import DEFAULT_MODEL
-    from rl.default_model import default_model_dir
     folder = str(default_model_dir()) if cfg.model.path == DEFAULT_MODEL else cfg.model.path
     weights = folder_weights_gib(folder) if layout is not None else 0.0
     checks.append(check_memory(cfg, cuda, weights, host_available_gib()))
@@ -292,11 +292,11 @@ def run_checks(cfg: RunConfig, full: bool = False) -> list[Check]:
 
 
 def _kernel_agreement(layout: CheckpointLayout) -> dict:
-    """rl.fast_kernels' start-up check at the model's head sizes, on the GPU."""
+    """modeling.fast_kernels' start-up check at the model's head sizes, on the GPU."""
     import torch
     from transformers.models.qwen3_5 import modeling_qwen3_5 as m
 
-    from rl import fast_kernels as fk
+    from modeling import fast_kernels as fk
 
     text = layout.config.get("text_config") or layout.config
     k_dim = text.get("linear_key_head_dim", 128)

@@ -19,10 +19,10 @@ from pathlib import Path
 
 from envs.split import select_tasks
 from envs.tasks import Task
+from modeling.default_model import resolve_model_path
+from modeling.sft import run_sft
 from rl.config import RunConfig
-from rl.default_model import resolve_model_path
 from rl.jsonl import append_durable, read_complete
-from rl.sft import run_sft
 
 DEMOS_FILE = "demos.jsonl"
 # demonstrations run as uids above the episode slots': an evaluation or calibration on the same

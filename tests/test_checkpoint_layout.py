@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from actors.learner import Learner
 from bench.qwen35_checkpoint import build
-from rl.checkpoint_layout import CheckpointLayout
+from modeling.checkpoint_layout import CheckpointLayout
 from rl.config import LearnerConfig, ModelConfig
 from rl.types import TrainSample
 

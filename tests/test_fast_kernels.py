@@ -1,18 +1,18 @@
-"""Fast Gated-DeltaNet path (rl.fast_kernels): the CPU side here, the kernels themselves under `gpu`."""
+"""Fast Gated-DeltaNet path (modeling.fast_kernels): the CPU side here, the kernels themselves under `gpu`."""
 import importlib.util
 import logging
 
 import pytest
 import torch
 
-from rl.fast_kernels import check_kernels, enable_fast_kernels, make_causal_conv, make_delta_rule
+from modeling.fast_kernels import check_kernels, enable_fast_kernels, make_causal_conv, make_delta_rule
 from tests.model_fixtures import qwen35
 
 
 def _reference_fns():
     from transformers.models.qwen3_5 import modeling_qwen3_5 as m
 
-    from rl.fast_kernels import _reference
+    from modeling.fast_kernels import _reference
     return _reference(m.torch_chunk_gated_delta_rule), _reference(m.causal_conv1d_fn)
 
 
@@ -25,7 +25,7 @@ def test_check_harness_passes_the_reference_against_itself_on_cpu():
 
 def test_no_cuda_falls_back_with_a_log_line(caplog):
     model = qwen35()
-    with caplog.at_level(logging.WARNING, logger="rl.fast_kernels"):
+    with caplog.at_level(logging.WARNING, logger="modeling.fast_kernels"):
         res = enable_fast_kernels(model, torch.device("cpu"))
     assert res["fast"] is False and "no CUDA" in res["reason"]
     assert "PyTorch reference kernels" in caplog.text
@@ -40,7 +40,7 @@ needs_fla = pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.f
 @needs_fla
 def test_fla_path_passes_its_startup_check_on_qwen35_head_sizes():
     rd, rc = _reference_fns()
-    from rl.fast_kernels import CHECK_TOLERANCE, _load_fla
+    from modeling.fast_kernels import CHECK_TOLERANCE, _load_fla
 
     fd, fc = _load_fla(128)
     got = check_kernels(make_delta_rule(rd, fd), make_causal_conv(rc, fc), rd, rc, heads=8, k_dim=128, v_dim=128,
@@ -55,9 +55,9 @@ def test_off_means_pytorch_even_when_transformers_picked_another_kernel(monkeypa
     from transformers.models.qwen3_5 import modeling_qwen3_5 as m
 
     from actors.learner import Learner
+    from modeling.fast_kernels import _reference
+    from modeling.sft import select_kernels
     from rl.config import LearnerConfig, ModelConfig, WarmStartConfig
-    from rl.fast_kernels import _reference
-    from rl.sft import select_kernels
     from rl.types import TrainSample
 
     def picked(*args, **kwargs):

@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
+from modeling.fused_logprob import chunked_target_logprobs, naive_target_logprobs
 from rl.advantages import group_advantages, group_ties, shape_reward
-from rl.fused_logprob import chunked_target_logprobs, naive_target_logprobs
 from rl.grpo import grpo_token_loss, sequence_weights
 
 

@@ -1,10 +1,11 @@
 """The house is one-way: every project import, at module level or inside a function, points
 to the same package or a lower layer, and no module imports itself back through others.
 
-    cli, bench  ->  orchestrator  ->  actors | scaffolds  ->  envs  ->  rl
+    cli, bench  ->  orchestrator  ->  actors | scaffolds  ->  envs | modeling  ->  rl
 
 actors and scaffolds are one layer but do not import each other (an actor is a process, a
-scaffold drives one episode; the orchestrator wires them together)."""
+scaffold drives one episode; the orchestrator wires them together). envs (sandboxes, tasks,
+the reward) and modeling (torch: kernels, layouts, SFT) are one layer and do not either."""
 from __future__ import annotations
 
 import ast
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-LAYER = {"cli": 5, "bench": 5, "orchestrator": 4, "actors": 3, "scaffolds": 3, "envs": 2, "rl": 1}
+LAYER = {"cli": 5, "bench": 5, "orchestrator": 4, "actors": 3, "scaffolds": 3, "envs": 2, "modeling": 2, "rl": 1}
 SIDEWAYS_OK: set[tuple[str, str]] = set()  # same-layer pairs allowed to import each other: none
 
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from actors.learner import Learner
+from modeling.packing import micro_batches
+from modeling.precision import cpu_has_bf16
 from rl.config import LearnerConfig, ModelConfig
-from rl.packing import micro_batches
-from rl.sft import cpu_has_bf16
 from rl.types import TrainSample
 from tests.model_fixtures import VOCAB, qwen35
 
@@ -251,7 +251,7 @@ def test_saved_adapter_and_merged_model_reproduce_the_policy(tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rl.default_model import resolve_model_path
+    from modeling.default_model import resolve_model_path
 
     path = resolve_model_path("default")
     learner = Learner(path, make_cfg(lr=1e-2, logit_chunk_tokens=64), ModelConfig(), seed=0)
@@ -284,7 +284,7 @@ def test_saved_adapter_and_merged_model_reproduce_the_policy(tmp_path):
 
 def test_linear_attention_segments_and_mlp_tiles_match_plain_step_on_qwen35(monkeypatch):
     """Qwen3.5 hybrid shape (Gated-DeltaNet + attention), tiny: the memory savers change no numbers."""
-    import rl.learner_memory as lm
+    import modeling.learner_memory as lm
 
     calls = {"segment": 0, "tile": 0}
     real_checkpoint, real_apply = lm.checkpoint, lm._TiledMLP.apply

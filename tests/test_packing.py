@@ -1,12 +1,12 @@
-"""Packed rows (rl.packing) against unpacked ones, on a tiny random Qwen3.5 (Gated-DeltaNet + attention)."""
+"""Packed rows (modeling.packing) against unpacked ones, on a tiny random Qwen3.5 (Gated-DeltaNet + attention)."""
 import random
 
 import pytest
 import torch
 
 from actors.learner import Learner
+from modeling.packing import pack, packed_micro_batches, packed_rows
 from rl.config import LearnerConfig, ModelConfig
-from rl.packing import pack, packed_micro_batches, packed_rows
 from rl.types import TrainSample
 from tests.model_fixtures import VOCAB, qwen35
 

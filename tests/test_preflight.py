@@ -8,8 +8,8 @@ import pytest
 from bench.qwen35_checkpoint import build
 from cli.main import main
 from envs.tools import PI_TOOLS
+from modeling.checkpoint_layout import CheckpointLayout
 from orchestrator import preflight as pf
-from rl.checkpoint_layout import CheckpointLayout
 from rl.config import RunConfig, load_config
 
 GPU = {"name": "NVIDIA H200", "count": 1, "driver": "580.1", "cuda": "13.0", "capability": "9.0",

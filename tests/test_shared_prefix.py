@@ -1,4 +1,4 @@
-"""Shared-prefix rows (rl.shared_prefix) against the padded batch, on a tiny random llama."""
+"""Shared-prefix rows (modeling.shared_prefix) against the padded batch, on a tiny random llama."""
 import random
 
 import pytest
@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.learner import Learner
+from modeling.shared_prefix import common_prefix_length, prefix_micro_batches, prefix_row, shared_prefix_rows
 from rl.config import LearnerConfig, ModelConfig
-from rl.shared_prefix import common_prefix_length, prefix_micro_batches, prefix_row, shared_prefix_rows
 from rl.types import TrainSample
 from tests.model_fixtures import VOCAB, qwen35
 from tests.test_learner import assert_same_gradients, make_cfg, tiny_model_path  # noqa: F401 (fixture)

@@ -17,7 +17,7 @@ PROMPT = ("<|im_start|>user\nFix the flipped comparison in `clamp`.<|im_end|>\n<
 
 @pytest.fixture(scope="module")
 def merged() -> str:
-    from rl.default_model import resolve_model_path
+    from modeling.default_model import resolve_model_path
     return resolve_model_path(str(SHIPPED))
 
 

@@ -54,11 +54,11 @@ def fresh_ray():
 
 def test_warm_start_teaches_the_agent_to_edit(tmp_path, fresh_ray):
     from envs.split import select_tasks
+    from modeling.default_model import resolve_model_path
     from orchestrator.cluster import spawn_learners, start_policy
     from orchestrator.parity import run_parity_probe
     from orchestrator.warm_start import warm_start
     from rl.config import load_config
-    from rl.default_model import resolve_model_path
 
     cfg = load_config("configs/toolz-native.yaml", EVAL + [
         "warm_start.demos_per_task=2", "warm_start.epochs=8", "warm_start.grad_accum=1", "warm_start.lr=1e-3",

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from rl.packing import active_cu_seqlens
+from modeling.packing import active_cu_seqlens
 
 
 class _TiledMLP(torch.autograd.Function):

@@ -47,7 +47,7 @@ def common_prefix_length(batch: list[TrainSample]) -> int:
 
 
 def prefix_micro_batches(samples: list[TrainSample], budget: int) -> list[list[TrainSample]]:
-    """Greedy in order, like rl.packing.micro_batches, counting a micro-batch as its row will
+    """Greedy in order, like modeling.packing.micro_batches, counting a micro-batch as its row will
     be computed: the common prefix once plus every sample's remainder. The prefix is kept
     incrementally (adding a sample can only shorten it), so planning is linear in the tokens."""
     batches: list[list[TrainSample]] = []

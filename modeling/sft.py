@@ -16,6 +16,7 @@ import os
 import time
 from pathlib import Path
 
+from modeling.precision import cpu_has_bf16
 from rl.config import ModelConfig, WarmStartConfig
 from rl.jsonl import append_durable, read_complete
 
@@ -24,22 +25,12 @@ ADAPTER_DIR = "adapter"     # the LoRA alone, bf16 (~10 MB for the 135M model): 
 DONE_FILE = "sft_done.json"
 
 
-def cpu_has_bf16() -> bool:
-    """AMX or AVX512-BF16: bf16 autocast then trains ~5x faster than fp32 on CPU (measured on
-    SmolLM2-135M, 2k-token rows, 2 threads: ~6 s vs ~30 s per forward+backward)."""
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
-
-
 def select_kernels(model, cfg: WarmStartConfig, cuda: bool) -> dict:
     """The learner's Gated-DeltaNet kernel choice for the SFT model (a no-op for other models):
     left alone, transformers calls fla's kernels whenever fla is importable, unchecked."""
     import torch
 
-    from rl.fast_kernels import enable_fast_kernels
+    from modeling.fast_kernels import enable_fast_kernels
 
     res = enable_fast_kernels(model, torch.device("cuda" if cuda else "cpu"), required=cfg.fast_kernels == "on",
                               fast=cfg.fast_kernels != "off")
@@ -78,10 +69,10 @@ def _sft_args(cfg: WarmStartConfig, trainer_dir: Path, cuda: bool, bf16: bool):
 
 def save_adapter(peft_model, folder: Path, base: str) -> Path:
     """The trained LoRA factors in bf16, with the base model.path beside them
-    (rl.default_model.resolve_model_path merges such a folder onto its base)."""
+    (modeling.default_model.resolve_model_path merges such a folder onto its base)."""
     import torch
 
-    from rl.default_model import ADAPTER_BASE_FILE
+    from modeling.default_model import ADAPTER_BASE_FILE
 
     state = {k: v.detach().to(torch.bfloat16).cpu() for k, v in peft_model.state_dict().items() if "lora_" in k}
     peft_model.save_pretrained(folder, state_dict=state, safe_serialization=True)

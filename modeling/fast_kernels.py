@@ -15,7 +15,7 @@ start-up check still has the last word on the gradients. vLLM's vendored copy of
 kernels ran on this GPU because it carries only the forward kernels (inference); the guard sits in
 the backward.
 
-Packed rows: both kernels honour the cu_seqlens of rl.packing.packed_rows(); so does the
+Packed rows: both kernels honour the cu_seqlens of modeling.packing.packed_rows(); so does the
 reference path, by running the PyTorch functions once per sequence.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from rl.packing import active_cu_seqlens
+from modeling.packing import active_cu_seqlens
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ def check_kernels(delta_rule: Callable, conv: Callable, ref_delta: Callable, ref
                   seed: int = 0) -> dict[str, float]:
     """Relative errors of fast vs reference, forward and input gradients, on one packed row of
     `lengths` (boundaries off the 64-token chunk grid); the fast path runs in bf16, the reference in fp32."""
-    from rl.packing import packed_rows
+    from modeling.packing import packed_rows
 
     gen = torch.Generator(device="cpu").manual_seed(seed)
     t = sum(lengths)
@@ -208,7 +208,7 @@ def enable_fast_kernels(model: torch.nn.Module, device: torch.device, required: 
     for mod in modules:
         rule = make_delta_rule(ref_delta, fast_delta)
         if getattr(mod.torch_chunk_gated_delta_rule, "segmented", False):  # another learner's segments stay
-            from rl.learner_memory import _segmented_delta_rule
+            from modeling.learner_memory import _segmented_delta_rule
             rule = _segmented_delta_rule(rule)
         mod.torch_chunk_gated_delta_rule = rule
         mod.causal_conv1d_fn = make_causal_conv(ref_conv, fast_conv)
@@ -221,7 +221,7 @@ if __name__ == "__main__":  # agreement numbers on this machine, Qwen3.5-4B head
 
     from transformers.models.qwen3_5 import modeling_qwen3_5 as m
 
-    from rl.packing import packed_rows  # noqa: F401  (import check)
+    from modeling.packing import packed_rows  # noqa: F401  (import check)
 
     dev = torch.device("cuda")
     rd, rc = _reference(m.torch_chunk_gated_delta_rule), _reference(m.causal_conv1d_fn)
