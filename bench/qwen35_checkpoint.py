@@ -32,7 +32,7 @@ SHAPES = {"4b": QWEN35_4B, "tiny": TINY}
 VISION = dict(depth=1, hidden_size=64, intermediate_size=128, num_heads=2, in_channels=3, patch_size=16,
               spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=256)
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
-TEMPLATE = Path(__file__).resolve().parent.parent / "rl" / "templates" / "chatml_tools.jinja"
+TEMPLATE = Path(__file__).resolve().parent.parent / "modeling" / "templates" / "chatml_tools.jinja"
 
 
 def tiny_tokenizer():

@@ -198,7 +198,7 @@ def check_model(path: str, tools: list[dict]) -> tuple[Check, CheckpointLayout |
     served = "served text-only (language_model_only)" if layout.multimodal else "text model"
     if missing:
         return Check("model", "fail", f"{layout.architecture}: the chat template drops the tools {missing}",
-                     "use a template that renders tools= (rl/templates/chatml_tools.jinja renders them)"), layout
+                     "use a template that renders tools= (modeling/templates/chatml_tools.jinja renders them)"), layout
     if layout.multimodal and importlib.util.find_spec("torchvision") is None:
         return Check("model", "fail", f"{layout.architecture}: vLLM imports the vision processor for this "
                      "architecture, and torchvision is not installed", "install torchvision (the build that "
