@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
 from urllib.parse import urlsplit, urlunsplit
@@ -35,7 +35,7 @@ from envs.tools import bad_timeout_message
 from rl.config import ScaffoldConfig
 from rl.paths import rlvr_home
 from scaffolds import socket_forward
-from scaffolds.outcome import EpisodeOutcome
+from scaffolds.base import EpisodeOutcome, ScaffoldInputs
 from scaffolds.socket_forward import UnixToTcp
 from scaffolds.system_prompt import CODING_SYSTEM_PROMPT
 
@@ -58,23 +58,6 @@ def node_path() -> str:
     if node is None:
         raise FileNotFoundError("node is not on PATH; run scripts/setup.sh (pi needs Node >= 20.6)")
     return os.path.realpath(node)
-
-
-@dataclass
-class PiEpisodeOutcome(EpisodeOutcome):
-    """The scaffold-neutral outcome plus what only pi reports."""
-    events_path: str | None = None
-    retries: int = 0               # pi's own auto-retries after provider errors
-    exit_code: int | None = None
-    final_text: str = ""
-
-    @property
-    def ok(self) -> bool:
-        """pi finished on its own terms (the task may still be unsolved)."""
-        return self.stop_reason == "stop" and self.error is None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass
@@ -327,7 +310,7 @@ def run_pi_episode(launcher: Launcher, task_prompt: str, base_url: str, model_id
                    cfg: ScaffoldConfig, *, context_window: int, max_tokens: int,
                    events_path: str | Path | None = None, system_prompt: str | None = None,
                    checkout: str | Path | None = None, retries: int = 1,
-                   poll_s: float = 0.05) -> PiEpisodeOutcome:
+                   poll_s: float = 0.05) -> EpisodeOutcome:
     """Run pi for one episode and judge it from its events.
 
     base_url is the episode's OpenAI base (e.g. `<server>/episodes/<id>/v1`), as seen from the
@@ -394,7 +377,7 @@ def _pump(proc: subprocess.Popen, stream: PiEventStream) -> None:
 
 
 def _judge(stream: PiEventStream, ended_by: str | None, exit_code: int | None, seconds: float,
-           stderr_tail: str, events_path: str | None, cfg: ScaffoldConfig) -> PiEpisodeOutcome:
+           stderr_tail: str, events_path: str | None, cfg: ScaffoldConfig) -> EpisodeOutcome:
     if ended_by == WALL_CLOCK:
         stop, error = WALL_CLOCK, f"wall clock {cfg.wall_clock_s:.0f}s reached after {stream.turns} turns"
     elif ended_by == MAX_TURNS:
@@ -409,7 +392,7 @@ def _judge(stream: PiEventStream, ended_by: str | None, exit_code: int | None, s
             error = "model output cut off by max_tokens (finish_reason=length)"
         if exit_code not in (0, None) and error is None:
             error = f"pi exited {exit_code}; stderr: {stderr_tail.strip()[-500:]}"
-    return PiEpisodeOutcome(stop_reason=stop, turns=stream.turns, tool_calls=stream.tool_calls,
+    return EpisodeOutcome(stop_reason=stop, turns=stream.turns, tool_calls=stream.tool_calls,
                           tool_failures=stream.tool_failures, edits=stream.edits,
                           edit_failures=stream.edit_failures, seconds=round(seconds, 3), error=error,
                           events_path=events_path, retries=stream.retries, exit_code=exit_code,
@@ -418,7 +401,7 @@ def _judge(stream: PiEventStream, ended_by: str | None, exit_code: int | None, s
 
 def run_pi_in_env(env, task_prompt: str, base_url: str, model_id: str, cfg: ScaffoldConfig,
                   context_window: int, max_tokens: int, events_path: str | None = None,
-                  system_prompt: str | None = CODING_SYSTEM_PROMPT) -> PiEpisodeOutcome:
+                  system_prompt: str | None = CODING_SYSTEM_PROMPT) -> EpisodeOutcome:
     """One pi episode inside a CodingEnv's sandbox (runs where the env lives, on its EnvActor)."""
     launcher = SandboxLauncher(env.sandbox, cpu_s=int(cfg.wall_clock_s) + 5)
     return run_pi_episode(launcher, task_prompt, base_url, model_id, cfg, context_window=context_window,
@@ -429,7 +412,7 @@ def run_pi_in_env(env, task_prompt: str, base_url: str, model_id: str, cfg: Scaf
 def run_pi_episode_on_actor(env_actor, env_episode: str, task_prompt: str, base_url: str, model_id: str,
                             cfg: ScaffoldConfig, context_window: int, max_tokens: int,
                             events_path: str | None = None,
-                            system_prompt: str | None = CODING_SYSTEM_PROMPT) -> PiEpisodeOutcome:
+                            system_prompt: str | None = CODING_SYSTEM_PROMPT) -> EpisodeOutcome:
     """Run one pi episode on the EnvActor that holds the episode's checkout (Ray handle).
 
     context_window/max_tokens go into pi's model entry (the run's rollout.max_model_len and
@@ -439,3 +422,13 @@ def run_pi_episode_on_actor(env_actor, env_episode: str, task_prompt: str, base_
     return ray.get(env_actor.run_in_episode.remote(
         env_episode, run_pi_in_env, task_prompt, base_url, model_id, cfg, context_window, max_tokens,
         events_path, system_prompt))
+
+
+class PiScaffold:
+    """pi inside the episode's sandbox, as a `Scaffold`."""
+    name = "pi"
+
+    def run(self, inputs: ScaffoldInputs) -> EpisodeOutcome:
+        return run_pi_episode_on_actor(inputs.env_actor, inputs.env_episode, inputs.task_prompt, inputs.episode_url,
+                                       inputs.model_id, inputs.cfg, context_window=inputs.context_window,
+                                       max_tokens=inputs.max_tokens, events_path=inputs.events_path)
