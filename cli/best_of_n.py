@@ -14,7 +14,8 @@ from pathlib import Path
 from envs.sandbox import Sandbox, chown_tree
 from rl.config import load_config
 from scaffolds.base import EpisodeOutcome
-from scaffolds.pi_agent import SandboxLauncher, run_pi_episode
+from scaffolds.pi.episode import run_pi_episode
+from scaffolds.pi.launch import SandboxLauncher
 from scaffolds.system_prompt import CODING_SYSTEM_PROMPT
 
 

@@ -25,7 +25,7 @@ from rl.config import SERVED_MODEL, RunConfig, ScaffoldConfig
 from rl.types import EPISODE_TIME_PARTS, CallRecord, Completion, EpisodeRecord, Prefix, TokenSequence
 from scaffolds.base import Scaffold, ScaffoldInputs
 from scaffolds.native import NativeScaffold
-from scaffolds.pi_agent import PiScaffold
+from scaffolds.pi.episode import PiScaffold
 
 SCAFFOLDS: dict[str, Scaffold] = {s.name: s for s in (NativeScaffold(), PiScaffold())}  # by config name
 
