@@ -13,7 +13,9 @@ from pathlib import Path
 
 from envs.sandbox import Sandbox, chown_tree
 from rl.config import load_config
-from scaffolds.pi_agent import PiEpisodeOutcome, SandboxLauncher, run_pi_episode
+from scaffolds.base import EpisodeOutcome
+from scaffolds.pi.episode import run_pi_episode
+from scaffolds.pi.launch import SandboxLauncher
 from scaffolds.system_prompt import CODING_SYSTEM_PROMPT
 
 
@@ -36,7 +38,7 @@ class Rollout:
     """One best-of-n rollout: its checkout, pi's outcome and the repository tests' verdict."""
     index: int
     checkout: Path
-    outcome: PiEpisodeOutcome
+    outcome: EpisodeOutcome
     score: float
     tests: str           # e.g. "5 passed, 1 failed" or "exit 0"
 

@@ -152,7 +152,7 @@ def _edits(value: Any) -> list[dict]:
 
 
 def bad_timeout_message(value: str, without: str) -> str:
-    """The error for a bash `timeout` of zero or less (here and in pi, scaffolds/pi_guard.js);
+    """The error for a bash `timeout` of zero or less (here and in pi, scaffolds/pi/pi_guard.js);
     `without` says what leaving it out does."""
     return f"Argument `timeout` of `bash` must be a positive number of seconds, got {value}. Leave it out {without}."
 

@@ -11,7 +11,7 @@ import ray
 from envs.coding_env import pristine_for
 from envs.sandbox import SandboxUnavailable, check_host
 from envs.tasks import Task
-from scaffolds.pi_agent import node_path, pi_cli_path
+from scaffolds.pi.install import node_path, pi_cli_path
 
 SETUP_COMMAND = "cd <the project checkout> && bash scripts/setup.sh"
 

@@ -266,7 +266,7 @@ def run_checks(cfg: RunConfig, full: bool = False) -> list[Check]:
     """Every check for this host and config; full adds the GPU kernel agreement check (seconds)."""
     from envs.sandbox import check_host
     from envs.tools import PI_TOOLS
-    from scaffolds.pi_agent import pi_cli_path
+    from scaffolds.pi.install import pi_cli_path
 
     cuda = cuda_facts()
     gpu = cuda is not None

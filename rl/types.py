@@ -97,7 +97,8 @@ scaffold's time between calls (tool execution), opening the checkout, and the re
 
 @dataclass
 class EpisodeRecord:
-    """What one episode did, the same fields for training and evaluation.
+    """What one episode did, the same fields for training and evaluation: the flat, JSON-ready
+    row of metrics and episode files (the scaffold's EpisodeOutcome plus reward and token counts).
 
     Built only by the episode runner (scaffolds/episode.py). A single-turn episode (the
     length reward's) fills reward, tokens and clipped, and leaves the agentic fields None.

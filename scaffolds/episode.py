@@ -23,8 +23,18 @@ from envs.tasks import Task
 from rl.assembly import assemble
 from rl.config import SERVED_MODEL, RunConfig, ScaffoldConfig
 from rl.types import EPISODE_TIME_PARTS, CallRecord, Completion, EpisodeRecord, Prefix, TokenSequence
-from scaffolds.native import run_native_episode
-from scaffolds.pi_agent import run_pi_episode_on_actor
+from scaffolds.base import Scaffold, ScaffoldInputs
+from scaffolds.native import NativeScaffold
+from scaffolds.pi.episode import PiScaffold
+
+SCAFFOLDS: dict[str, Scaffold] = {s.name: s for s in (NativeScaffold(), PiScaffold())}  # by config name
+
+
+def scaffold_named(name: str) -> Scaffold:
+    try:
+        return SCAFFOLDS[name]
+    except KeyError:
+        raise ValueError(f"unknown scaffold {name!r}; known: {', '.join(sorted(SCAFFOLDS))}") from None
 
 
 def safe_id(text: str) -> str:
@@ -39,7 +49,8 @@ def episode_url(base_url: str, episode_id: str) -> str:
 
 @dataclass(frozen=True)
 class EpisodeSettings:
-    """How an episode is run: the scaffold, its limits and the served model's name."""
+    """How a run's episodes are run (the scaffold by name, its limits, the served model): the
+    per-run part of a scaffold's inputs, which `run_episode` fills in per episode."""
     scaffold: str                  # "pi" | "native"
     scaffold_cfg: ScaffoldConfig
     context_window: int            # rollout.max_model_len
@@ -58,6 +69,7 @@ class EpisodeSettings:
 
 @dataclass
 class EpisodeRun:
+    """What `run_episode` returns: the episode's record plus its token sequences to train on."""
     record: EpisodeRecord
     sequences: list[TokenSequence]   # the recorded calls, assembled for training
 
@@ -90,15 +102,9 @@ def run_episode(env_actor, worker, task: Task, episode_id: str, base_url: str, s
         ray.get(worker.script_episode.remote(episode_id, prefix.messages))
     env_episode = ray.get(env_actor.open_episode.remote(task))
     try:
-        if settings.scaffold == "pi":
-            outcome = run_pi_episode_on_actor(
-                env_actor, env_episode, task.problem_statement, url, settings.model_id, settings.scaffold_cfg,
-                context_window=settings.context_window, max_tokens=settings.max_tokens,
-                events_path=str(events_path) if events_path else None)
-        else:
-            cwd = ray.get(env_actor.sandbox_cwd.remote(env_episode))
-            outcome = run_native_episode(url, settings.model_id, env_actor, env_episode, task.problem_statement,
-                                         cwd, settings.scaffold_cfg)
+        outcome = scaffold_named(settings.scaffold).run(ScaffoldInputs(
+            env_actor, env_episode, task.problem_statement, url, settings.model_id, settings.scaffold_cfg,
+            settings.context_window, settings.max_tokens, str(events_path) if events_path else None))
     finally:
         reward_start = time.monotonic()
         reward = ray.get(env_actor.finish.remote(env_episode))

@@ -10,7 +10,7 @@ import ray
 
 from envs.tools import PI_TOOLS
 from rl.config import ScaffoldConfig
-from scaffolds.outcome import EpisodeOutcome
+from scaffolds.base import EpisodeOutcome, ScaffoldInputs
 from scaffolds.system_prompt import render_system_prompt
 
 
@@ -63,3 +63,13 @@ def run_native_episode(episode_url: str, model_id: str, env_actor, env_episode: 
             break
     out.seconds = time.monotonic() - start
     return out
+
+
+class NativeScaffold:
+    """The Python agent loop above, as a `Scaffold`."""
+    name = "native"
+
+    def run(self, inputs: ScaffoldInputs) -> EpisodeOutcome:
+        cwd = ray.get(inputs.env_actor.sandbox_cwd.remote(inputs.env_episode))
+        return run_native_episode(inputs.episode_url, inputs.model_id, inputs.env_actor, inputs.env_episode,
+                                  inputs.task_prompt, cwd, inputs.cfg)

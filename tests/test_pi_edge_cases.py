@@ -14,10 +14,11 @@ from fake_openai_server import FakeOpenAIServer, http_error, stall, text, tool_c
 
 from envs.sandbox import Sandbox, SandboxUnavailable, check_host, chown_tree
 from rl.config import ScaffoldConfig
-from scaffolds import pi_agent
-from scaffolds.pi_agent import HostLauncher, SandboxLauncher, run_pi_episode
+from scaffolds.pi.episode import run_pi_episode
+from scaffolds.pi.install import pi_cli_path
+from scaffolds.pi.launch import MARKER_ENV, HostLauncher, SandboxLauncher, pids_with_marker
 
-pytestmark = pytest.mark.skipif(not pi_agent.pi_cli_path().exists(), reason="pi not installed (scripts/setup.sh)")
+pytestmark = pytest.mark.skipif(not pi_cli_path().exists(), reason="pi not installed (scripts/setup.sh)")
 
 MODEL = "fake-model"
 
@@ -29,7 +30,7 @@ class Recording:
     """Remembers the episode marker so the test can look for leftovers after the episode."""
 
     def start(self, argv, env, stderr):
-        self.marker = env[pi_agent.MARKER_ENV]
+        self.marker = env[MARKER_ENV]
         return super().start(argv, env, stderr)
 
 
@@ -83,7 +84,7 @@ def _episode(tmp_path: Path, where: str, script, wall_clock_s: float = 30.0, max
                                  context_window=4096, max_tokens=256, retries=retries,
                                  events_path=tmp_path / "events.jsonl", checkout=checkout)
         elapsed = time.monotonic() - t0
-    assert pi_agent.pids_with_marker(launcher.marker) == [], "episode left processes behind"
+    assert pids_with_marker(launcher.marker) == [], "episode left processes behind"
     events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert not any(e["type"] == "message_update" for e in events), "quadratic events must not be stored"
     return outcome, elapsed, server.requests, checkout

@@ -11,10 +11,11 @@ import pytest
 from envs_fixtures import env_cfg, toolz_tasks
 
 from rl.config import RunConfig
-from scaffolds import pi_agent
+from scaffolds.pi.episode import run_pi_episode_on_actor
+from scaffolds.pi.install import pi_cli_path
 
 pytestmark = [pytest.mark.heavy,
-              pytest.mark.skipif(not pi_agent.pi_cli_path().exists(), reason="pi not installed (scripts/setup.sh)")]
+              pytest.mark.skipif(not pi_cli_path().exists(), reason="pi not installed (scripts/setup.sh)")]
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,7 @@ def test_real_pi_episode_records_tokens_and_logprobs(stack, tmp_path):
     env_episode = ray.get(env_actor.open_episode.remote(task))
     events = tmp_path / "events.jsonl"
     try:
-        outcome = pi_agent.run_pi_episode_on_actor(
+        outcome = run_pi_episode_on_actor(
             env_actor, env_episode, task.problem_statement, f"{base}/episodes/{episode_id}/v1", "policy",
             cfg.scaffold, context_window=cfg.rollout.max_model_len, max_tokens=cfg.rollout.max_tokens,
             events_path=str(events))

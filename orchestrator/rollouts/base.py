@@ -25,7 +25,8 @@ class GroupSpec:
 
 @dataclass
 class Episode:
-    """One rollout: its token sequences (no advantage yet), reward and record."""
+    """One rollout as the trainer groups it: an EpisodeRun (record + token sequences) tagged with
+    its GRPO group and reward, before advantages are assigned."""
     group_id: str
     reward: float
     sequences: list[TokenSequence]
