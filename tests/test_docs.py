@@ -14,7 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 FIRST_SCREEN_LINES = 60  # what a newcomer sees before scrolling: the pitch, the data flow, the two commands
-RUN_MARKER = "<!-- run in CI: tests/test_docs.py"
+RUN_MARKER = "<!-- run in CI: test_docs.py"
 MARKERS = (RUN_MARKER, "<!-- not run in CI", "<!-- job-submit:")
 
 
