@@ -203,15 +203,171 @@ def _spread(items: list, n: int) -> list:
     return [items[i * len(items) // n] for i in range(n)]
 
 
+@dataclass
+class _Baseline:
+    """What the unmodified suite says: the tests every probe is measured against."""
+    stable: set[str]            # passing on both baseline runs
+    broken: set[str]            # test files that never collect (their tests are no one's)
+    probe_timeout_s: float      # a probe's budget: a few baselines, not the whole timeout
+
+
+def _baseline(sb: Sandbox, test_command: list[str], library: str, label: str, timeout_s: float,
+              per_test_timeout_s: float, report: MiningReport, log: Callable[[str], None]) -> _Baseline:
+    """Two runs of the untouched suite. Appends --continue-on-collection-errors to test_command
+    when some test file does not collect (else pytest would run no test at all)."""
+    t_base = time.monotonic()
+    runs = [run_tests(sb, test_command, timeout_s=timeout_s, per_test_timeout_s=per_test_timeout_s,
+                      extra_args=["--continue-on-collection-errors"]) for _ in range(2)]
+    # a stub or mutant that makes the suite hang (a flipped loop condition) is no task: a probe
+    # gets a few times the baseline's wall time, not timeout_s (476 tests x 10 s per test)
+    probe_timeout_s = min(timeout_s, max(PROBE_MIN_S, PROBE_FACTOR * (time.monotonic() - t_base) / 2))
+    for r in runs:
+        if not r.finished or r.tampered:
+            raise RuntimeError(f"{library}: baseline test run failed:\n{r.output[-3000:]}")
+        if not r.outcomes:
+            raise RuntimeError(baseline_error(library, r))
+    broken = set(runs[0].collect_errors)
+    if broken:
+        miss = missing_modules(runs[0])
+        log(f"[mine] warning: {len(broken)} test file(s) do not collect: {', '.join(sorted(broken)[:8])}"
+            + (f"; they import modules the sandbox Python lacks: {', '.join(miss)} ({_add_hint(library, miss)})"
+               if miss else "") + "; mining the tests that do collect")
+        test_command.append("--continue-on-collection-errors")
+    stable = runs[0].passed & runs[1].passed
+    report.stable_tests = len(stable)
+    report.flaky_tests = len(runs[0].passed ^ runs[1].passed)
+    log(f"[mine] {label}: {len(stable)} stable passing tests, {report.flaky_tests} flaky, "
+        f"{len(runs[0].outcomes) - len(runs[0].passed)} not passing")
+    return _Baseline(stable, broken, probe_timeout_s)
+
+
+def _choose(cands: list[Candidate], contexts: dict[str, dict[int, set[str]]], stable: set[str],
+            report: MiningReport, levels: tuple[str, ...], max_per_level: int | None,
+            limit: int | None) -> list[Candidate]:
+    """The candidates worth probing: covered by stable tests, spread evenly over the library when
+    capped per level (not its first modules), at most `limit`."""
+    report.functions = len({(c.module_path, c.qualname) for c in cands})
+    kept = _select(cands, contexts, stable, report.dropped)
+    verified = len(kept)
+    if max_per_level is not None:
+        kept = [c for lv in levels for c in _spread([c for c in kept if c.level == lv], max_per_level)]
+    if limit is not None:
+        kept = kept[:limit]
+    if len(kept) < verified:
+        report.dropped["not_probed_over_limit"] = verified - len(kept)
+    return kept
+
+
+@dataclass
+class _Prober:
+    """One stub per call: stub written, suite run, FAIL_TO_PASS read, the checks that make it a
+    task. Probe i runs in workspace i % len(spaces); results go to the progress file as they come."""
+    info: SdistInfo
+    tree: Path
+    src_root: str
+    spaces: list[tuple[QuotaDir, Path, Sandbox]]
+    test_command: list[str]
+    base: _Baseline
+    timeout_s: float
+    per_test_timeout_s: float
+    overlay: Overlay | None
+    progress: Path | None
+    total: int
+    log: Callable[[str], None]
+    t0: float
+    stable_id: str = ""
+    resumed: dict[str, Task | None] = field(default_factory=dict)
+    done: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, i: int, c: Candidate) -> Task | None:
+        key = f"{c.module_path}:{c.qualname}:{c.level}:{c.start}-{c.end}"
+        if key in self.resumed:
+            return self.resumed[key]
+        task = self._verify(i, c)
+        if self.progress is not None:
+            with self.lock, open(self.progress, "a") as f:
+                f.write(json.dumps({"key": key, "stable": self.stable_id,
+                                    "task": task and json.loads(task.to_json())}) + "\n")
+        return task
+
+    def _run(self, sb: Sandbox, nodeids=()):
+        return run_tests(sb, self.test_command, nodeids=nodeids, timeout_s=self.base.probe_timeout_s,
+                         per_test_timeout_s=self.per_test_timeout_s)
+
+    def _verify(self, i: int, c: Candidate) -> Task | None:
+        _, co, sb = self.spaces[i % len(self.spaces)]
+        module = co / c.module_path
+        original = (self.tree / c.module_path).read_text()
+        lines = original.splitlines(keepends=True)
+        stub = stub_for(c)
+        module.write_text("".join(lines[:c.start - 1]) + stub + "".join(lines[c.end:]))
+        try:
+            run = self._run(sb)
+        finally:
+            module.write_text(original)
+            with self.lock:
+                self.done += 1
+                if self.done % 25 == 0:
+                    self.log(f"[mine] probed {self.done}/{self.total} stubs, {time.monotonic() - self.t0:.0f}s")
+        stable = self.base.stable
+        if set(run.collect_errors) - self.base.broken or not run.finished:
+            return None
+        f2p = sorted(t for t in stable if run.outcomes.get(t) != "passed")
+        if not f2p or len(f2p) > MAX_F2P_FRACTION * len(stable):
+            return None
+        hole_fails = None
+        if c.level == "mutation" and not shows_expected_actual(run.output):
+            return None          # the failures must say what the line computes wrong, not only that it raised
+        if c.level not in ("body", "mutation"):   # deleting the marked hole must not be a solution
+            module.write_text("".join(lines[:c.start - 1]) + f"{c.indent}pass\n" + "".join(lines[c.end:]))
+            try:
+                run = self._run(sb, nodeids=f2p)
+            finally:
+                module.write_text(original)
+            hole_fails = sum(run.outcomes.get(t) != "passed" for t in f2p)
+            if not hole_fails:
+                return None
+        if not _reference_passes(sb, c, original, self.test_command, f2p, self.timeout_s, self.per_test_timeout_s):
+            return None
+        return self._task(c, stub, f2p, hole_fails)
+
+    def _task(self, c: Candidate, stub: str, f2p: list[str], hole_fails: int | None) -> Task:
+        info, overlay = self.info, self.overlay
+        suffix = {"body": "", "mutation": f":mutation@{c.start}"}.get(c.level, f":{c.level}")
+        return Task(
+            id=f"{info.library}-{info.version}:{c.module_path}:{c.qualname}{suffix}", library=info.library,
+            version=info.version, sdist_filename=info.filename, sdist_sha256=info.sha256,
+            sdist_url=info.url, module_path=c.module_path, qualname=c.qualname,
+            body_start_line=c.start, body_end_line=c.end, original_body=c.body, stub_body=stub,
+            fail_to_pass=f2p, pass_to_pass=sorted(self.base.stable - set(f2p)), test_command=self.test_command,
+            problem_statement=problem_statement(c, self.src_root), level=c.level,
+            test_deps=list(overlay.pins) if overlay else [],
+            meta={"candidate_tests": len(c.tests), "body_lines": c.end - c.start + 1,
+                  **({"operator": c.operator} if c.operator else {}),
+                  "function_lines": c.fn_end - c.fn_start + 1, "f2p_failing_with_hole_deleted": hole_fails,
+                  "f2p_outside_coverage": sorted(set(f2p) - c.tests)})
+
+
+def _probe_all(prober: _Prober, kept: list[Candidate]) -> list[Task]:
+    """Each worker owns one workspace, so the probes are split into lanes by workspace."""
+    lanes_n = len(prober.spaces)
+    lanes = [[(i, c) for i, c in enumerate(kept) if i % lanes_n == w] for w in range(lanes_n)]
+    with ThreadPoolExecutor(max_workers=lanes_n) as pool:
+        results = list(pool.map(lambda lane: [prober(i, c) for i, c in lane], lanes))
+    by_index = {i: t for lane, res in zip(lanes, results) for (i, _), t in zip(lane, res)}
+    return [by_index[i] for i in sorted(by_index) if by_index[i] is not None]
+
+
 def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic-rlvr-work",
               uid_base: int = 61900, workers: int = 2, limit: int | None = None,
               timeout_s: float = 600.0, per_test_timeout_s: float = 10.0,
               log: Callable[[str], None] = print, levels: tuple[str, ...] = ("body",),
               overlay: Overlay | None = None, max_per_level: int | None = None,
               progress: Path | None = None) -> tuple[list[Task], MiningReport]:
-    """mine() on an extracted tree (the sdist's top directory). max_per_level: probe at most
-    this many stubs of each level, spread evenly over the candidates (large libraries).
-    progress: a JSONL file each probe's result is appended to; a rerun reuses them."""
+    """mine() on an extracted tree (the sdist's top directory): baseline, coverage, choose, probe.
+    max_per_level: probe at most this many stubs of each level, spread evenly over the candidates
+    (large libraries). progress: a JSONL file each probe's result is appended to; a rerun reuses them."""
     t0 = time.monotonic()
     library = info.library
     src_root, packages = find_packages(tree)
@@ -236,120 +392,18 @@ def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic
     spaces = [workspace(i) for i in range(max(1, workers))]
     try:
         _, co0, sb0 = spaces[0]
-        t_base = time.monotonic()
-        runs = [run_tests(sb0, test_command, timeout_s=timeout_s, per_test_timeout_s=per_test_timeout_s,
-                          extra_args=["--continue-on-collection-errors"]) for _ in range(2)]
-        # a stub or mutant that makes the suite hang (a flipped loop condition) is no task: a probe
-        # gets a few times the baseline's wall time, not timeout_s (476 tests x 10 s per test)
-        probe_timeout_s = min(timeout_s, max(PROBE_MIN_S, PROBE_FACTOR * (time.monotonic() - t_base) / 2))
-        for r in runs:
-            if not r.finished or r.tampered:
-                raise RuntimeError(f"{library}: baseline test run failed:\n{r.output[-3000:]}")
-            if not r.outcomes:
-                raise RuntimeError(baseline_error(library, r))
-        broken = set(runs[0].collect_errors)   # files that never collect: their tests are no one's
-        if broken:
-            miss = missing_modules(runs[0])
-            log(f"[mine] warning: {len(broken)} test file(s) do not collect: {', '.join(sorted(broken)[:8])}"
-                + (f"; they import modules the sandbox Python lacks: {', '.join(miss)} ({_add_hint(library, miss)})"
-                   if miss else "") + "; mining the tests that do collect")
-            test_command.append("--continue-on-collection-errors")   # else pytest runs no test at all
-        stable = runs[0].passed & runs[1].passed
-        report.stable_tests = len(stable)
-        report.flaky_tests = len(runs[0].passed ^ runs[1].passed)
-        log(f"[mine] {info.filename}: {len(stable)} stable passing tests, {report.flaky_tests} flaky, "
-            f"{len(runs[0].outcomes) - len(runs[0].passed)} not passing")
+        base = _baseline(sb0, test_command, library, info.filename, timeout_s, per_test_timeout_s, report, log)
         contexts = _coverage_contexts(sb0, co0, packages, test_command, timeout_s)
         log(f"[mine] coverage: {sum(len(v) for v in contexts.values())} lines of {len(contexts)} files ran in tests")
-        report.functions = len({(c.module_path, c.qualname) for c in cands})
-        kept = _select(cands, contexts, stable, report.dropped)
-        verified = len(kept)
-        if max_per_level is not None:   # an even spread over the library, not its first modules
-            kept = [c for lv in levels for c in _spread([c for c in kept if c.level == lv], max_per_level)]
-        if limit is not None:
-            kept = kept[:limit]
-        if len(kept) < verified:
-            report.dropped["not_probed_over_limit"] = verified - len(kept)
-        done = [0]
+        kept = _choose(cands, contexts, base.stable, report, levels, max_per_level, limit)
         log(f"[mine] probing {len(kept)} stubs ({', '.join(f'{lv} {sum(c.level == lv for c in kept)}' for lv in levels)})")
-
-        stable_id = hashlib.sha256("\n".join(sorted(stable)).encode()).hexdigest()[:16]
-        resumed = _load_progress(progress, stable_id)
-        if resumed:
-            log(f"[mine] resuming: {len(resumed)} stubs already probed ({progress})")
-        write_lock = threading.Lock()
-
-        def probe(args: tuple[int, Candidate]) -> Task | None:
-            c = args[1]
-            key = f"{c.module_path}:{c.qualname}:{c.level}:{c.start}-{c.end}"
-            if key in resumed:
-                return resumed[key]
-            task = verify(args)
-            if progress is not None:
-                with write_lock, open(progress, "a") as f:
-                    f.write(json.dumps({"key": key, "stable": stable_id,
-                                        "task": task and json.loads(task.to_json())}) + "\n")
-            return task
-
-        def verify(args: tuple[int, Candidate]) -> Task | None:
-            i, c = args
-            _, co, sb = spaces[i % len(spaces)]
-            module = co / c.module_path
-            original = (tree / c.module_path).read_text()
-            lines = original.splitlines(keepends=True)
-            stub = stub_for(c)
-            module.write_text("".join(lines[:c.start - 1]) + stub + "".join(lines[c.end:]))
-            try:
-                run = run_tests(sb, test_command, timeout_s=probe_timeout_s, per_test_timeout_s=per_test_timeout_s)
-            finally:
-                module.write_text(original)
-                done[0] += 1
-                if done[0] % 25 == 0:
-                    log(f"[mine] probed {done[0]}/{len(kept)} stubs, {time.monotonic() - t0:.0f}s")
-            if set(run.collect_errors) - broken or not run.finished:
-                return None
-            f2p = sorted(t for t in stable if run.outcomes.get(t) != "passed")
-            if not f2p or len(f2p) > MAX_F2P_FRACTION * len(stable):
-                return None
-            hole_fails = None
-            if c.level == "mutation" and not shows_expected_actual(run.output):
-                return None          # the failures must say what the line computes wrong, not only that it raised
-            if c.level not in ("body", "mutation"):   # deleting the marked hole must not be a solution
-                module.write_text("".join(lines[:c.start - 1]) + f"{c.indent}pass\n" + "".join(lines[c.end:]))
-                try:
-                    run = run_tests(sb, test_command, nodeids=f2p, timeout_s=probe_timeout_s,
-                                    per_test_timeout_s=per_test_timeout_s)
-                finally:
-                    module.write_text(original)
-                hole_fails = sum(run.outcomes.get(t) != "passed" for t in f2p)
-                if not hole_fails:
-                    return None
-            if not _reference_passes(sb, c, original, test_command, f2p, timeout_s, per_test_timeout_s):
-                return None
-            suffix = {"body": "", "mutation": f":mutation@{c.start}"}.get(c.level, f":{c.level}")
-            return Task(
-                id=f"{library}-{info.version}:{c.module_path}:{c.qualname}{suffix}", library=library,
-                version=info.version, sdist_filename=info.filename, sdist_sha256=info.sha256,
-                sdist_url=info.url, module_path=c.module_path, qualname=c.qualname,
-                body_start_line=c.start, body_end_line=c.end, original_body=c.body, stub_body=stub,
-                fail_to_pass=f2p, pass_to_pass=sorted(stable - set(f2p)), test_command=test_command,
-                problem_statement=problem_statement(c, src_root), level=c.level,
-                test_deps=list(overlay.pins) if overlay else [],
-                meta={"candidate_tests": len(c.tests), "body_lines": c.end - c.start + 1,
-                      **({"operator": c.operator} if c.operator else {}),
-                      "function_lines": c.fn_end - c.fn_start + 1, "f2p_failing_with_hole_deleted": hole_fails,
-                      "f2p_outside_coverage": sorted(set(f2p) - c.tests)})
-
-        # each worker owns one workspace: probe i runs in workspace i % workers, so split by it
-        order = list(enumerate(kept))
-        with ThreadPoolExecutor(max_workers=len(spaces)) as pool:
-            lanes = [[a for a in order if a[0] % len(spaces) == w] for w in range(len(spaces))]
-            results_by_lane = list(pool.map(lambda lane: [probe(a) for a in lane], lanes))
-        by_index: dict[int, Task | None] = {}
-        for lane, results in zip(lanes, results_by_lane):
-            for (i, _), t in zip(lane, results):
-                by_index[i] = t
-        tasks = [by_index[i] for i in sorted(by_index) if by_index[i] is not None]
+        prober = _Prober(info, tree, src_root, spaces, test_command, base, timeout_s, per_test_timeout_s,
+                         overlay, progress, len(kept), log, t0)
+        prober.stable_id = hashlib.sha256("\n".join(sorted(base.stable)).encode()).hexdigest()[:16]
+        prober.resumed = _load_progress(progress, prober.stable_id)
+        if prober.resumed:
+            log(f"[mine] resuming: {len(prober.resumed)} stubs already probed ({progress})")
+        tasks = _probe_all(prober, kept)
         report.dropped["stub_not_detected_breaks_import_hole_deletable_or_refused"] = len(kept) - len(tasks)
         report.tasks = len(tasks)
         report.levels = {lv: sum(t.level == lv for t in tasks) for lv in levels}

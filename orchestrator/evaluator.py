@@ -4,7 +4,7 @@ policy, one durable raw record per finished episode, resumable.
 Plain class, made a Ray actor by orchestrator.cluster.spawn_evaluator. The out dir holds
 `plan.json` (what is being evaluated; a resume must match it) and `episodes.jsonl` (the raw
 records). A killed evaluation, run again with the same plan, re-runs only the (task, sample)
-pairs without a record; every report is recomputed from the records (rl/eval_report.py).
+pairs without a record; every report is recomputed from the records (orchestrator/eval_report.py).
 """
 from __future__ import annotations
 

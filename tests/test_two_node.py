@@ -64,7 +64,7 @@ def check_run(run_dir: Path, cluster: TwoNodeCluster, steps: int, synced: bool =
 
 def kill_mid_step_and_resume(cluster: TwoNodeCluster, entry: list[str], run_dir: Path, timeout: float) -> dict:
     """Run until step 1 is checkpointed (step 2 under way), stop the job, resume it with the
-    README's resume command; returns the two jobs' wall times and the resume line. (The step's
+    resume command of docs/cluster.md; returns the two jobs' wall times and the resume line. (The step's
     metrics record is written just before its checkpoint: stopping on the record alone could
     land before any checkpoint exists, and the "resume" would start over.)"""
     job, status, first_s = run_job(cluster, entry, timeout,
@@ -145,7 +145,7 @@ def test_a_worker_node_that_dies_fails_the_run_naming_its_actors(cluster, model_
 
 @pytest.mark.heavy
 def test_coding_runs_with_env_actors_and_pi_on_the_worker_node(cluster, model_path):
-    """The README's submit command (2 GRPO steps of the pi coding config, environment actors
+    """The submit command of docs/cluster.md (2 GRPO steps of the pi coding config, environment actors
     and pi on the worker node, rollout + learner on the head), then the same with the
     learner on the worker node, killed mid-step and resumed. A step whose episodes all score
     alike skips the update and its sync; the resume always syncs (merged, across nodes), and

@@ -1,4 +1,4 @@
-"""A real two-node Ray cluster on one machine, started with the README's "On a cluster"
+"""A real two-node Ray cluster on one machine, started with docs/cluster.md's "Several nodes"
 commands as written (plus a private temp dir and CPU count), for the scale-out tests.
 
 The head and the worker node each live in their own network namespace, joined by a veth
@@ -33,16 +33,16 @@ DASHBOARD_PORT = 8265  # Ray's default; private to the namespaces
 
 
 def readme_commands() -> dict[str, str]:
-    """The README's cluster commands (head, worker, submit, resume), one line each."""
-    text = (REPO / "README.md").read_text()
-    block = text.split("### On a cluster", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    """docs/cluster.md's cluster commands (head, worker, submit, resume), one line each."""
+    text = (REPO / "docs" / "cluster.md").read_text()
+    block = text.split("## Several nodes", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
     lines = [line for line in block.splitlines() if line.startswith("RAY_AUTH_MODE=disabled ")]
-    assert len(lines) == 4, f"README's cluster block should hold head, worker, submit, resume: {lines}"
+    assert len(lines) == 4, f"docs/cluster.md's cluster block should hold head, worker, submit, resume: {lines}"
     return dict(zip(("head", "worker", "submit", "resume"), lines))
 
 
 def as_argv(line: str, **values: str) -> list[str]:
-    """A README line as argv here: placeholders filled, the project's venv and checkout
+    """A docs/cluster.md line as argv here: placeholders filled, the project's venv and checkout
     resolved, the leading RAY_AUTH_MODE (set in the environment) dropped."""
     for key, value in values.items():
         line = line.replace(key, value)
@@ -52,7 +52,7 @@ def as_argv(line: str, **values: str) -> list[str]:
 
 
 def entrypoint(line: str, **values: str) -> list[str]:
-    """The command after `--` of a README `ray job submit` line."""
+    """The command after `--` of a docs/cluster.md `ray job submit` line."""
     argv = as_argv(line, **values)
     return argv[argv.index("--") + 1:]
 
