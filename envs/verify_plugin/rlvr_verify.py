@@ -71,7 +71,8 @@ _MAX_TEST_BYTES = 1 << 20
 # the runner's lines, fixed bytes made here: the test's process builds none of them with library code
 _LINES = {(phase, status): f"{phase} {status}\n".encode() for phase in ("setup", "call", "teardown", "report")
           for status in ("ok", "failed", "skipped")}
-_DONE = b"done\n"
+_ENTERED = "rlvr.target"   # the audit event the target's instrumented first statement raises
+_ENTER_CALL = f'__import__("sys").audit("{_ENTERED}")'
 
 
 def _test_file(path: str) -> bool:
@@ -100,12 +101,26 @@ def _install() -> None:
     deadline_s = float(env.pop("RLVR_TEST_DEADLINE", "30"))
     refused: list[str] = []
     state = threading.local()
-    child = {"fd": -1, "pipe": None}   # a test's process: where its refusals go, set once by arm()
+    child = {"fd": -1, "pipe": None, "tainted": False}   # a runner: its pipe (set once by arm())
+    ran_here: list[str] = []   # the reporter: the target's code ran in it
 
     def arm(fd: int) -> None:
         if child["fd"] < 0:
             info = os.fstat(fd)
             child["fd"], child["pipe"] = fd, (info.st_dev, info.st_ino)
+
+    def tainted() -> bool:
+        return child["tainted"]
+
+    def entered() -> None:
+        """The target's first statement ran (the instrumented call): in a runner, the reporter
+        hears it before any of the target's own code runs; in the reporter it is tampering."""
+        if child["fd"] < 0:
+            if not ran_here:
+                ran_here.append(f"{qualname or 'the target'} ran while the tests were collected")
+        elif not child["tainted"]:
+            child["tainted"] = True
+            _raw_line(child["fd"], child["pipe"], b"tainted\n")
 
     def is_target(code) -> bool:
         return code.co_filename == target and lo <= code.co_firstlineno <= hi
@@ -144,6 +159,9 @@ def _install() -> None:
         return False
 
     def hook(event: str, args: tuple) -> None:
+        if event == _ENTERED:
+            entered()
+            return
         if getattr(state, "busy", False):
             return
         imported_pyc = False   # an open of a library module's bytecode: the import system's read
@@ -190,23 +208,12 @@ def _install() -> None:
             state.busy = False
         raise RuntimeError(f"refused by the test harness: {what}")
 
-    ran_here: list[str] = []
-
-    def watch(frame, event, arg) -> None:
-        """The reporter's trace function while tests are collected (calls only: it returns no
-        local tracer): did the target's code run?"""
-        if event == "call" and not ran_here:
-            state.busy = True   # its own f_code reads are not the target's
-            try:
-                if is_target(frame.f_code):
-                    ran_here.append(f"{frame.f_code.co_qualname} ran while the tests were collected")
-            finally:
-                state.busy = False
-
     sys.addaudithook(hook)
+    if target and qualname:
+        _instrument(target, qualname)
     _make_undumpable()
     _Reporter.settings = (host_fd, is_target, target, qualname, deadline_s, refused, _guard_threads(is_target), arm,
-                          watch, ran_here)
+                          tainted, ran_here)
 
 
 def _raw_line(fd: int, pipe: tuple, data: bytes, _write=os.write, _fstat=os.fstat) -> None:
@@ -218,6 +225,46 @@ def _raw_line(fd: int, pipe: tuple, data: bytes, _write=os.write, _fstat=os.fsta
     view = memoryview(data)
     while view:
         view = view[_write(fd, view):]
+
+
+def _instrument(target: str, qualname: str) -> None:
+    """Import the target's module with one call put before the target's first statement (after
+    its docstring), on that statement's line: the target cannot run a line of its own before
+    the reporter knows its process ran it. Line numbers and the rest of the module are kept."""
+    import ast
+    import importlib.machinery
+
+    class Loader(importlib.machinery.SourceFileLoader):
+        def get_code(self, fullname):   # always from the source: no cached bytecode skips the call
+            tree = ast.parse(self.get_data(self.path), self.path)
+            node, body = None, tree.body
+            for part in qualname.split("."):
+                node = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                             and n.name == part), None)
+                if node is None:
+                    break
+                body = node.body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+                first = node.body[0]
+                at = int(isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                         and isinstance(first.value.value, str))
+                anchor = node.body[min(at, len(node.body) - 1)]
+                call = ast.parse(_ENTER_CALL).body[0]
+                for n in ast.walk(call):
+                    n.lineno, n.end_lineno = anchor.lineno, anchor.lineno
+                    n.col_offset, n.end_col_offset = anchor.col_offset, anchor.col_offset
+                node.body.insert(at, call)
+            return compile(tree, self.path, "exec", dont_inherit=True)
+
+    class Finder:
+        @staticmethod
+        def find_spec(name, path=None, target_module=None):
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is not None and spec.origin == target:
+                spec.loader = Loader(name, spec.origin)
+            return spec
+
+    sys.meta_path.insert(0, Finder())
 
 
 def _make_undumpable() -> None:
@@ -314,18 +361,105 @@ def _status(excinfo) -> str:
     return "failed"
 
 
+class _Runner:
+    """The reporter's handle on one runner process: its pipe, its lines, whether the target ran."""
+
+    def __init__(self, pid: int, fd: int, first: int) -> None:
+        self.pid, self.fd, self.next = pid, fd, first
+        self.buffer = b""
+        self.lines: list[str] = []
+        self.open = True
+        self.status: int | None = None
+        self.tainted = False
+
+    def _pump(self, deadline: float, notes: list[str]) -> bool:
+        """Read what is there (waiting up to 50 ms); False once the process has ended."""
+        if self.open and select.select([self.fd], [], [], 0.05)[0]:
+            chunk = os.read(self.fd, 1 << 16)
+            if chunk and len(self.buffer) < _MAX_TEST_BYTES:
+                self.buffer += chunk
+                *done, self.buffer = self.buffer.split(b"\n")
+                self.lines += [d.decode("utf-8", "replace") for d in done]
+            elif not chunk:
+                self.open = False
+        elif not self.open:
+            time.sleep(0.002)
+        if self.status is not None:
+            return False
+        pid, raw = os.waitpid(self.pid, os.WNOHANG | os.WUNTRACED)
+        if pid and not os.WIFSTOPPED(raw):
+            self.status = raw
+            while self.open and select.select([self.fd], [], [], 0)[0]:   # what it wrote before it ended
+                chunk = os.read(self.fd, 1 << 16)
+                if not chunk:
+                    break
+                *done, self.buffer = (self.buffer + chunk).split(b"\n")
+                self.lines += [d.decode("utf-8", "replace") for d in done]
+            return False
+        if pid:
+            notes.append("the test's process stopped itself")
+        elif time.monotonic() > deadline:
+            notes.append("the test ran past its deadline")
+        else:
+            return True
+        self.kill()
+        return False
+
+    def kill(self) -> None:
+        if self.status is None:
+            os.kill(self.pid, signal.SIGKILL)
+            self.status = os.waitpid(self.pid, 0)[1]
+            self.status = -1
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+            self.open = False
+
+    def result(self, index: int, deadline_s: float) -> tuple[list[str], int | None, list[str], bool]:
+        """Test `index`'s lines. While the target has not run in this process its lines end at
+        `done index`; once it has, every later line is that test's and the process must end."""
+        notes: list[str] = []
+        deadline = time.monotonic() + deadline_s
+        mine: list[str] = []
+        started = False
+        alive = True
+        while True:
+            while self.lines:
+                line = self.lines.pop(0)
+                if line == "tainted":
+                    self.tainted = True
+                elif not started:
+                    started = line == f"start {index}"
+                    if not started:
+                        notes.append(f"tampered: a line before test {index} started: {line[:80]!r}")
+                elif line == f"done {index}" and not self.tainted:
+                    self.next = index + 1
+                    return mine, None, notes, False
+                else:
+                    mine.append(line)
+            if not alive:
+                break
+            alive = self._pump(deadline, notes)
+        self.kill()
+        self.next = -1
+        return mine, self.status, notes, True
+
+
 class _Reporter:
     settings: tuple = ()
 
     def __init__(self, config) -> None:
         (self.fd, self.is_target, self.target, self.qualname, self.deadline_s, self.refused,
-         self.threads_armed, self.arm, self.watch, self.ran_in_reporter) = self.settings
+         self.threads_armed, self.arm, self.tainted, self.ran_in_reporter) = self.settings
         self.pm = config.pluginmanager
-        self.items: dict[str, tuple] = {}
+        self.items: list = []
+        self.index: dict[int, int] = {}
+        self.identities: dict[str, tuple] = {}
         self.tampered: list[str] = []
         self.machinery: tuple = ()
         self.hookimpls: frozenset = frozenset()
-        self.line = None   # in a test's process: writes one of the runner's lines
+        self.runner: _Runner | None = None
+        self.line = None   # in a runner: writes one of the runner's lines
 
     # --- the reporter ----------------------------------------------------------------
     def write(self, record: dict) -> None:
@@ -335,18 +469,10 @@ class _Reporter:
         while view:
             view = view[os.write(self.fd, view):]
 
-    @pytest.hookimpl(hookwrapper=True, tryfirst=True)
-    def pytest_collection(self, session):
-        sys.settrace(self.watch)   # the target's code must never run where the pipe is
-        try:
-            yield
-        finally:
-            sys.settrace(None)
-
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items) -> None:
-        for item in items:
-            self.items[item.nodeid] = _identity(item)
+        self.items = items
+        self.identities = {item.nodeid: _identity(item) for item in items}
         self.tampered += self.ran_in_reporter + self._binding()
         self.machinery = _snapshot()
         self.hookimpls = frozenset(_hooks(self.pm))
@@ -371,8 +497,20 @@ class _Reporter:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item, nextitem):
         if self.line is not None:
-            return None   # cannot happen: a test's process runs exactly one test
-        outcome, notes = self._fork(item, nextitem)
+            return None   # in a runner: pytest's own protocol runs the test
+        signal.setitimer(signal.ITIMER_REAL, 0)   # pytest-timeout's alarm is the runner's; the deadline is ours
+        if not self.index:
+            self.index = {id(it): i for i, it in enumerate(self.items)}
+        index = self.index.get(id(item))
+        if index is None:
+            self.write({"nodeid": item.nodeid, "outcome": "failed", "why": ["not a collected test"]})
+            return True
+        if self.runner is None or self.runner.next != index:
+            if self.runner is not None:
+                self.runner.kill()
+            self.runner = self._start(index)
+        lines, status, notes, ended = self.runner.result(index, self.deadline_s)
+        outcome = _decide(lines, status, notes, ended)
         if outcome == "passed" and item.get_closest_marker("xfail") is not None:
             outcome = "xpassed"  # not a plain pass: excluded from PASS_TO_PASS when mining
         self.tampered += [f"{item.nodeid}: {n[len('tampered: '):]}" for n in notes if n.startswith("tampered")]
@@ -381,105 +519,54 @@ class _Reporter:
                     "why": [n for n in notes if not n.startswith(("tampered", "refused"))][:3]})
         return True
 
-    def _fork(self, item, nextitem) -> tuple[str, list[str]]:
-        """Run one test in a forked process; its outcome from the lines the runner wrote."""
+    def _start(self, first: int) -> _Runner:
+        """Fork a runner for the tests from `first` on."""
         read_fd, write_fd = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
             os.close(read_fd)
-            self._child(item, nextitem, write_fd)   # never returns
+            self._run(first, write_fd)   # never returns
         os.close(write_fd)
-        signal.setitimer(signal.ITIMER_REAL, 0)   # pytest-timeout's alarm is the test's; the deadline is ours
-        data, notes, status = self._collect(pid, read_fd)
-        os.close(read_fd)
-        return _decide(data, status, notes), notes
+        return _Runner(pid, read_fd, first)
 
-    def _collect(self, pid: int, fd: int) -> tuple[bytes, list[str], int | None]:
-        """Read the test's lines until it exits; a stopped or overdue test is killed."""
-        data = bytearray()
-        notes: list[str] = []
-        deadline = time.monotonic() + self.deadline_s
-        status = None
-        open_pipe = True
-        while status is None:
-            if open_pipe:
-                ready, _, _ = select.select([fd], [], [], 0.05)
-                if ready:
-                    chunk = os.read(fd, 1 << 16)
-                    if not chunk:
-                        open_pipe = False
-                    elif len(data) < _MAX_TEST_BYTES:
-                        data += chunk
-            else:
-                time.sleep(0.002)
-            done, raw = os.waitpid(pid, os.WNOHANG | os.WUNTRACED)
-            if done and os.WIFSTOPPED(raw):
-                notes.append("the test's process stopped itself")
-            elif done:
-                status = raw
-                break
-            elif time.monotonic() > deadline:
-                notes.append(f"the test ran past {self.deadline_s:g}s")
-            else:
-                continue
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            status = -1
-        while open_pipe and select.select([fd], [], [], 0)[0]:   # what was written before the exit
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                break
-            data += chunk[:max(0, _MAX_TEST_BYTES - len(data))]
-        return bytes(data), notes, status
-
-    # --- a test's process -------------------------------------------------------------
-    def _child(self, item, nextitem, fd: int) -> None:
-        """Run the test, write its lines and exit. Everything the lines depend on is bound here,
-        before the test runs, in this function's closure; os._exit is gone while it runs."""
+    # --- a runner -------------------------------------------------------------------
+    def _run(self, first: int, fd: int) -> None:
+        """Run the tests from `first` on until the target's code has run (then that test is
+        this process's last) and exit. What the lines depend on is bound here, before any
+        test runs; os._exit is the target's no more."""
         import posix
 
         exit_ = os._exit
-        status = 3   # the runner could not finish its lines: the test fails on this status
+        status = 3   # the runner could not finish its lines: its test fails on this status
         try:
             if self.fd >= 0:
                 os.close(self.fd)
             self.fd = -1
             info = os.fstat(fd)
             pipe = (info.st_dev, info.st_ino)
-            lines, raw_line, done = _LINES, _raw_line, _DONE
+            lines, raw_line, tainted = _LINES, _raw_line, self.tainted
+            machinery, hookimpls, items, identities = self.machinery, self.hookimpls, self.items, self.identities
 
             def line(phase: str, status: str) -> None:
                 raw_line(fd, pipe, lines[(phase, status)])
 
             self.line = line
             self.arm(fd)
-            machinery, hookimpls, identity = self.machinery, self.hookimpls, self.items.get(item.nodeid)
-            runtest = item.runtest
-            before = _identity(item)
-
-            def guarded_runtest():
-                """The test's call; its raw outcome is written before any hook sees it."""
-                try:
-                    runtest()
-                except BaseException as exc:
-                    line("call", "skipped" if isinstance(exc, Skipped) else "failed")
-                    raise
-                pending = getattr(item, "_excinfo", None)   # unittest items keep failures here
-                if pending:
-                    line("call", "skipped" if all(e.errisinstance(Skipped) for e in pending) else "failed")
-                else:
-                    line("call", "failed" if _identity(item) != before else "ok")
-
-            item.runtest = guarded_runtest
             self.threads_armed.append(True)
-            os._exit = posix._exit = _guarded_exit(exit_, self.is_target)   # ends through this runner only
-            item.ihook.pytest_runtest_protocol(item=item, nextitem=nextitem)   # pytest's own, with its plugins
-            notes = _changes(item, identity, machinery, hookimpls, self.pm)
-            for note in notes:
-                raw_line(fd, pipe, ("tampered " + note.replace("\n", " ")[:500] + "\n").encode("utf-8", "replace"))
-            raw_line(fd, pipe, done)
+            os._exit = posix._exit = _guarded_exit(exit_, self.is_target)
+            for index in range(first, len(items)):
+                item = items[index]
+                raw_line(fd, pipe, f"start {index}\n".encode())
+                item.runtest = _guarded_runtest(item, item.runtest, line)
+                item.ihook.pytest_runtest_protocol(item=item, nextitem=items[index + 1] if index + 1 < len(items) else None)
+                if tainted():
+                    for note in _changes(item, identities.get(item.nodeid), machinery, hookimpls, self.pm):
+                        raw_line(fd, pipe, ("tampered " + note.replace("\n", " ")[:500] + "\n").encode("utf-8", "replace"))
+                raw_line(fd, pipe, f"done {index}\n".encode())
+                if tainted():
+                    break
             status = 0
         except BaseException:
             pass
@@ -487,7 +574,6 @@ class _Reporter:
             sys.stdout.flush()
             sys.stderr.flush()
             exit_(status)
-
 
     @pytest.hookimpl(hookwrapper=True, tryfirst=True)
     def pytest_runtest_call(self, item):
@@ -521,9 +607,31 @@ class _Reporter:
     def pytest_sessionfinish(self, session, exitstatus) -> None:
         if self.line is not None:
             return
+        if self.runner is not None:
+            self.runner.kill()
         if _changed(self.machinery):
             self.tampered.append(f"the reporter's pytest internals changed: {_changed(self.machinery)[:5]}")
-        self.write({"finished": True, "tampered": self.tampered, "refused": list(self.refused)})
+        late = [r for r in self.ran_in_reporter if r not in self.tampered]   # e.g. a conftest's session hook
+        self.write({"finished": True, "tampered": self.tampered + late, "refused": list(self.refused)})
+
+
+def _guarded_runtest(item, runtest, line):
+    """The test's call; its raw outcome is written before any hook or report sees it."""
+    before = _identity(item)
+
+    def guarded():
+        try:
+            runtest()
+        except BaseException as exc:
+            line("call", "skipped" if isinstance(exc, Skipped) else "failed")
+            raise
+        pending = getattr(item, "_excinfo", None)   # unittest items keep failures here
+        if pending:
+            line("call", "skipped" if all(e.errisinstance(Skipped) for e in pending) else "failed")
+        else:
+            line("call", "failed" if _identity(item) != before else "ok")
+    return guarded
+
 
 def _guarded_exit(exit_, is_target):
     """os._exit while a test runs: refused to the target (it would end the test's process
@@ -553,35 +661,33 @@ def _changes(item, identity, machinery: tuple, hookimpls: frozenset, pm) -> list
     return notes
 
 
-def _decide(data: bytes, status: int | None, notes: list[str]) -> str:
-    """A test passed only if every phase's lines say ok, the runner finished, and the process
-    exited through the runner with status 0. Forged lines can only lower the outcome."""
+def _decide(lines: list[str], status: int | None, notes: list[str], ended: bool) -> str:
+    """A test passed only if its lines say ok for every phase. A test the target's code ran in
+    must also be its process's last, ended through the runner with status 0; lines a forger
+    adds can only lower the outcome (the worst line of a phase wins, a missing one fails)."""
     phases: dict[str, set[str]] = {}
-    done = False
-    for line in data.decode("utf-8", "replace").splitlines():
+    for line in lines:
         word, _, rest = line.partition(" ")
         if word in ("setup", "call", "teardown", "report") and rest in ("ok", "failed", "skipped"):
             phases.setdefault(word, set()).add(rest)
-        elif word == "done" and not rest:
-            done = True
-        elif word == "tampered":
-            notes.append(f"tampered: {rest}")
-        elif word == "refused":
-            notes.append(f"refused: {rest}")
-        else:
+        elif word in ("tampered", "refused"):
+            notes.append(f"{word}: {rest}")
+        elif word not in ("start", "done"):
             notes.append(f"tampered: a line the runner does not write: {line[:80]!r}")
-    if status is None or not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
+    if ended and (status is None or status < 0 or not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0):
         if status is not None and status >= 0:
             notes.append("the test's process did not end through the runner"
                          + (f" (signal {os.WTERMSIG(status)})" if os.WIFSIGNALED(status) else
                             f" (status {os.WEXITSTATUS(status)})"))
+        return "failed"
+    if ended and not any(line.startswith("done ") for line in lines):
         return "failed"
     seen = set().union(*phases.values()) if phases else set()
     if "failed" in seen:
         return "failed"
     if "skipped" in seen:
         return "skipped"
-    if done and all(phases.get(p) == {"ok"} for p in ("setup", "call", "teardown")):
+    if all(phases.get(p) == {"ok"} for p in ("setup", "call", "teardown")):
         return "passed"
     return "failed"
 
