@@ -109,6 +109,12 @@ def _install() -> None:
             info = os.fstat(fd)
             child["fd"], child["pipe"] = fd, (info.st_dev, info.st_ino)
 
+    def refuse(what: str) -> None:
+        """Record a refusal; in a runner the reporter hears it at once."""
+        refused.append(f"{what} from {os.path.basename(target)}")
+        if child["fd"] >= 0:
+            _raw_line(child["fd"], child["pipe"], ("refused " + refused[-1].replace("\n", " ")[:300] + "\n").encode())
+
     def tainted() -> bool:
         return child["tainted"]
 
@@ -145,6 +151,8 @@ def _install() -> None:
             name = code.co_filename
             if is_target(code):
                 return True
+            if name.startswith(_PLUGIN_DIR):
+                return False   # the harness's own guards (threads, os._exit) ask for themselves
             if name.startswith(_STDLIB):
                 if importing and name.startswith(_IMPORTING):
                     return False
@@ -201,9 +209,7 @@ def _install() -> None:
             what = f"{event} {args[1]}" if event.startswith("object.") else event
             if event in ("open", "import", "os.listdir", "os.scandir"):
                 what += f" {str(args[0])[:200]}"
-            refused.append(f"{what} from {os.path.basename(target)}")
-            if child["fd"] >= 0:
-                _raw_line(child["fd"], child["pipe"], ("refused " + refused[-1].replace("\n", " ")[:300] + "\n").encode())
+            refuse(what)
         finally:
             state.busy = False
         raise RuntimeError(f"refused by the test harness: {what}")
@@ -212,8 +218,8 @@ def _install() -> None:
     if target and qualname:
         _instrument(target, qualname)
     _make_undumpable()
-    _Reporter.settings = (host_fd, is_target, target, qualname, deadline_s, refused, _guard_threads(is_target), arm,
-                          tainted, ran_here)
+    _Reporter.settings = (host_fd, is_target, target, qualname, deadline_s, refused, _guard_threads(is_target, refuse), arm,
+                          tainted, ran_here, refuse)
 
 
 def _raw_line(fd: int, pipe: tuple, data: bytes, _write=os.write, _fstat=os.fstat) -> None:
@@ -275,7 +281,7 @@ def _make_undumpable() -> None:
         raise RuntimeError("rlvr_verify: prctl(PR_SET_DUMPABLE, 0) failed; the result pipe would be reachable")
 
 
-def _guard_threads(is_target):
+def _guard_threads(is_target, refuse):
     """Threads the target starts are refused (3.11 raises no audit event for them, and a thread's
     stack does not hold the frame that started it). Returns the switch that arms the guard."""
     import _thread
@@ -287,6 +293,7 @@ def _guard_threads(is_target):
             frame = sys._getframe(1)
             while frame is not None:
                 if is_target(frame.f_code):
+                    refuse("a thread start")
                     raise RuntimeError("refused by the test harness: a thread started by the target")
                 frame = frame.f_back
         return start(function, *args, **kwargs)
@@ -450,7 +457,7 @@ class _Reporter:
 
     def __init__(self, config) -> None:
         (self.fd, self.is_target, self.target, self.qualname, self.deadline_s, self.refused,
-         self.threads_armed, self.arm, self.tainted, self.ran_in_reporter) = self.settings
+         self.threads_armed, self.arm, self.tainted, self.ran_in_reporter, self.refuse) = self.settings
         self.pm = config.pluginmanager
         self.items: list = []
         self.index: dict[int, int] = {}
@@ -555,7 +562,7 @@ class _Reporter:
             self.line = line
             self.arm(fd)
             self.threads_armed.append(True)
-            os._exit = posix._exit = _guarded_exit(exit_, self.is_target)
+            os._exit = posix._exit = _guarded_exit(exit_, self.is_target, self.refuse)
             for index in range(first, len(items)):
                 item = items[index]
                 raw_line(fd, pipe, f"start {index}\n".encode())
@@ -633,13 +640,14 @@ def _guarded_runtest(item, runtest, line):
     return guarded
 
 
-def _guarded_exit(exit_, is_target):
+def _guarded_exit(exit_, is_target, refuse):
     """os._exit while a test runs: refused to the target (it would end the test's process
     after forging its lines); a worker process a test forks (multiprocessing) still uses it."""
     def _exit(code):
         frame = sys._getframe(1)
         while frame is not None:
             if is_target(frame.f_code):
+                refuse("os._exit")
                 raise RuntimeError("refused by the test harness: os._exit from the target")
             frame = frame.f_back
         exit_(code)
