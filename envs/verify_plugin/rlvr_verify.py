@@ -5,30 +5,35 @@ Threat model. The code under test (the agent's target function) runs inside a te
 can do whatever Python code in that process can: patch pytest, register hooks, walk memory,
 write to any file descriptor. What this plugin makes sure of:
   * The reporter -- the pytest process that collects the tests -- holds the only handle to
-    the host's result pipe and never runs a test. Every test runs in a process forked for it,
-    which closes that handle before anything else; the reporter is non-dumpable, so a test's
-    process can neither reopen the pipe through /proc nor ptrace the reporter. There is no
-    secret to steal: the pipe itself is the capability, and it is not in the tested process.
-  * Nothing a test's process changes (pytest's internals, hooks, plugins, the test module,
-    a hook that unregisters itself) outlives it: the next test is a fresh fork of the clean
-    reporter, and the session's end and completeness are the reporter's alone.
-  * A test passes only if its process, after running it, says so through the runner's own
-    code path: the runner wraps the test's call and writes each phase's raw outcome (the
-    exception the test raised, before any pytest hook or report sees it) at once, as fixed
-    bytes; the worst line for a phase wins, a missing line is a failure, and the process must
-    end through the runner's exit with status 0 (`os._exit` is taken away while the test
-    runs, a process killed, stopped or past its deadline fails). Forged extra lines therefore
-    cannot raise an outcome; a different file on the pipe's descriptor is noticed.
-  * If the target's code runs in the reporter (called while tests are collected) the run is
-    tampered; after collection the name the tests import must resolve to the edited function.
-  * In a test's process an audit hook (PEP 578, installed before the package is imported)
-    refuses the target -- its code anywhere on the current stack, through pytest's helpers
-    too -- frame and garbage-collector access, code objects, marshal/ctypes, compile/exec,
-    tracing, processes, signals and reading test sources; threads it starts are refused.
-What remains possible: a target whose own test's process lies about that test by means no
-audit event covers -- a return value whose comparison lies, or rebinding the runner's own
-names through closure cells, module dicts or `sys.modules` -- is left to the static screen
-(envs/screen.py), which refuses those constructs by what they resolve to, not by spelling.
+    the host's result pipe and never runs a test. Tests run in runner processes forked from
+    it, which close that handle before anything else; the reporter is non-dumpable, so a
+    runner can neither reopen the pipe through /proc nor ptrace the reporter. There is no
+    secret to steal: the pipe itself is the capability, and no runner holds it.
+  * The target's module is imported with one audit call put before the target's first
+    statement: the moment the target runs in a runner, the reporter hears it, before a line of
+    the target's own code runs. That test is the runner's last; the next test gets a fresh
+    fork of the clean reporter. So nothing the target changes (pytest's internals, hooks,
+    plugins, the test module, a hook that unregisters itself) reaches another test, and tests
+    that never run the target share a runner (one fork for most of a suite).
+  * A test passes only if its lines say so: the runner wraps the test's call and writes the
+    raw outcome (the exception the test raised, before any pytest hook or report sees it) at
+    once, as fixed bytes, through builtins bound before any test ran; the worst line for a
+    phase wins and a missing line is a failure. A test the target ran in must also end its
+    runner through the runner's own exit with status 0 (os._exit is refused to the target); a
+    runner killed, stopped or past its deadline fails its test. Forged extra lines therefore
+    cannot raise an outcome, and a different file on the pipe's descriptor is noticed.
+  * If the target runs in the reporter (while tests are collected, or from a conftest hook)
+    the run is tampered; after collection the tested name must resolve to the edited code.
+  * In a runner an audit hook (PEP 578, installed before the package is imported) refuses the
+    target -- its code anywhere on the current stack, through pytest's helpers and the tests'
+    callbacks too -- frame and garbage-collector access, code objects, marshal/ctypes,
+    compile/exec, tracing, processes, signals and reading test sources; the threads it
+    starts are refused (3.11 has no audit event for them).
+What remains possible: a target that makes its own test pass by means no audit event covers
+-- a return value whose comparison lies, or rebinding the runner's names through closure
+cells, module dicts or `sys.modules` before the test's assertion fails -- is left to the
+static screen (envs/screen.py), which refuses those constructs by what they resolve to, not
+by how they are spelled. Such a lie still reaches only the tests the target runs in.
 """
 from __future__ import annotations
 
