@@ -68,7 +68,8 @@ _ALWAYS = {"gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._getfr
 _HONEST = {("logging/__init__.py", "findCaller"), ("collections/__init__.py", "namedtuple"),
            ("typing.py", "_caller"), ("warnings.py", "warn"), ("warnings.py", "_next_external_frame"),
            ("gettext.py", "c2py")}   # c2py: a catalogue's checked plural-forms expression
-_HONEST_MODULES = ("/dataclasses.py", "/enum.py", "/typing.py")
+_HONEST_MODULES = ("/dataclasses.py", "/enum.py", "/typing.py", "/platform.py")   # platform runs `uname -p`
+_PROCESS_EVENTS = {"subprocess.Popen", "os.posix_spawn", "os.fork", "os.exec"}
 _IMPORTING = ("<frozen importlib",)
 _TEST_DIRS = ("/tests/", "/test/", "/testing/")
 _PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -205,7 +206,7 @@ def _install() -> None:
         state.busy = True
         try:
             caller = sys._getframe(1)
-            honest = event in ("sys._getframe", "compile", "exec", "object.__getattr__")
+            honest = event in ("sys._getframe", "compile", "exec", "object.__getattr__") or event in _PROCESS_EVENTS
             importing = event in ("compile", "exec", "marshal.loads", "marshal.load") or imported_pyc
             if not asked_by_target(caller, honest, importing):
                 return
@@ -348,21 +349,29 @@ def _identity(item) -> tuple[int, int]:
     return id(fn), id(getattr(fn, "__code__", None))
 
 
-def _code_of(obj, depth: int = 0):
-    """The code object a tested name ends in, through wrappers (functools.wraps, toolz.curry,
-    methods, properties); None when there is none to find."""
-    if depth > 6 or obj is None:
-        return None
+def _codes_of(obj, depth: int = 0, seen: set | None = None) -> list:
+    """The code objects a tested name leads to through wrappers (functools.wraps, toolz.curry,
+    funcy's decorators, methods, properties, closures over the wrapped function)."""
+    seen = set() if seen is None else seen
+    if depth > 6 or obj is None or id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    found = []
     code = getattr(obj, "__code__", None)
     if isinstance(code, types.CodeType):
-        return code
+        found.append(code)
     for attr in ("__wrapped__", "__func__", "func", "fget"):
         inner = getattr(obj, attr, None)
         if inner is not None and inner is not obj:
-            found = _code_of(inner, depth + 1)
-            if found is not None:
-                return found
-    return None
+            found += _codes_of(inner, depth + 1, seen)
+    for cell in getattr(obj, "__closure__", None) or ():
+        try:
+            inner = cell.cell_contents
+        except ValueError:   # an empty cell
+            continue
+        if callable(inner):
+            found += _codes_of(inner, depth + 1, seen)
+    return found
 
 
 def _status(excinfo) -> str:
@@ -500,9 +509,10 @@ class _Reporter:
         obj = mod
         for part in self.qualname.split("."):
             obj = getattr(obj, part, None)
-        code = _code_of(obj)
-        if code is None or self.is_target(code):
+        codes = _codes_of(obj)
+        if not codes or any(self.is_target(c) for c in codes):
             return []
+        code = codes[0]
         return [f"{modname}.{self.qualname} resolves to other code ({code.co_qualname} at "
                 f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}) than the edited function"]
 
