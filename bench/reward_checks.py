@@ -76,7 +76,7 @@ def tamper(uid: int = UID, tasks: tuple[str, ...] = TAMPER_TASKS) -> list[dict]:
                          "why": _why(r), "flags": list(getattr(r, "flags", [])),
                          "seconds": round(time.monotonic() - t0, 2)})
             print(f"{r.reward:5.2f}  {qualname:11s} {kind:8s} {cls:24s} {name}  [{_why(r)[:110]}]", flush=True)
-    print(f"\n| task | name | kind | class | reward | why |\n|---|---|---|---|---|---|")
+    print("\n| task | name | kind | class | reward | why |\n|---|---|---|---|---|---|")
     for row in rows:
         why = row["why"].replace("|", "/").replace("\n", " ")[:160]
         print(f"| {row['task']} | {row['name']} | {row['kind']} | {row['class']} | {row['reward']:.2f} | {why} |")
