@@ -1,6 +1,7 @@
-"""Reward-tampering attacks on the toolz `merge` task, each carried out through the agent's own
-tools (edit/write/bash) on a live episode. Shared by tests/test_tamper.py and
-bench/tamper_table.py (which prints reward before/after for the table)."""
+"""Reward-tampering attacks on the toolz `merge` task (ATTACKS) and the toolz `frequencies` task
+(ATTACKS_FREQUENCIES, with honest rewrites in HONEST_FREQUENCIES), each carried out through the
+agent's own tools (edit/write/bash) on a live episode. Shared by tests/test_tamper.py and
+`bench/reward_checks.py tamper` (which prints the table, reward and reason per row)."""
 from __future__ import annotations
 
 from tests.envs_fixtures import replace_body
