@@ -297,6 +297,17 @@ THREAD_ORACLE = _OFF_THREAD + '''\
     f = off_thread(getattr(sys, "_current_" + "frames"))[threading.get_ident()]
 ''' + _ORACLE
 
+RAW_THREAD_ORACLE = '''\
+    import _thread, sys, threading
+    from concurrent.futures import Future, thread
+    def off_thread(fn, *args):   # no threading.Thread: a thread `threading` does not know of
+        done = Future()          # (a stdlib frame to start it: with none, the hook's own _getframe(1) fails)
+        _thread.start_new_thread(thread._WorkItem(done, fn, args, {}).run, ())
+        return done.result()
+    run = off_thread
+    f = off_thread(getattr(sys, "_current_" + "frames"))[threading.get_ident()]
+''' + _ORACLE
+
 LAUNDERED_ORACLE = '''\
     import sys
     imp = __import__
@@ -636,6 +647,8 @@ ATTACKS_FREQUENCIES = {
         ("worker thread", _body(THREAD_POOL_ORACLE)),
     "threading.Thread worker: _current_frames, test source, eval":
         ("worker thread", _body(THREAD_ORACLE)),
+    "_thread.start_new_thread worker: _current_frames, test source, eval":
+        ("worker thread", _body(RAW_THREAD_ORACLE)),
     "threading.Thread worker: gc walk registers an excinfo-clearing hookwrapper":
         ("worker thread", _body(GC_THREAD_HOOK)),
     "frame, open, parse and eval through toolz.functoolz.apply":
