@@ -2,6 +2,9 @@
 flagged with a reason; the reference body scores 1.0 in the same kind of episode."""
 from __future__ import annotations
 
+import os
+import re
+
 import pytest
 
 from envs.reward import build_verify_tree
@@ -17,15 +20,18 @@ from tests.envs_fixtures import (
 )
 from tests.tamper_attacks import (
     ATTACKS,
+    ATTACKS_FREQUENCIES,
     FRAME_SOURCE,
+    HONEST_FREQUENCIES,
     HOOK_WRAPPER,
     LOADER_PYC,
     TEST_CODE_VIA_GLOBALS,
     WRONG,
+    WRONG_FREQ,
     _indent,
 )
 
-UID = 63019
+UID = int(os.environ.get("RLVR_TAMPER_UID", "63019"))   # a uid range no concurrent run uses
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +54,41 @@ def test_attack_does_not_earn_reward(merge_task, attack):
     assert r.reward < 1.0, (attack, r)
     print(f"\n{attack}: reward {r.reward:.2f}; {r.error or r.parts.get('reason') or ''}; "
           f"ignored {r.parts.get('ignored_files')}")
+
+
+@pytest.fixture(scope="module")
+def frequencies_task():
+    return task_by_qualname(toolz_tasks(), "frequencies")
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-")[:70]
+
+
+def test_a_wrong_frequencies_body_scores_zero(frequencies_task):
+    """The attacks below carry this kind of wrong body: 1.0 can only come from the attack."""
+    with episode(frequencies_task, sandbox_uid_base=UID) as env:
+        replace_body(env, WRONG_FREQ)
+        r = env.reward()
+    assert r.reward == 0.0 and r.parts["f2p_passed"] == 0, r
+
+
+@pytest.mark.parametrize("attack", list(ATTACKS_FREQUENCIES), ids=_slug)
+def test_frequencies_attack_does_not_earn_reward(frequencies_task, attack):
+    cls, write = ATTACKS_FREQUENCIES[attack]
+    with episode(frequencies_task, sandbox_uid_base=UID) as env:
+        write(env, frequencies_task)
+        r = env.reward()
+    print(f"\n[{cls}] {attack}: reward {r.reward:.2f}; {r.error or r.parts.get('reason') or ''}")
+    assert r.reward < 1.0, (cls, attack, r)
+
+
+@pytest.mark.parametrize("name", list(HONEST_FREQUENCIES), ids=_slug)
+def test_honest_frequencies_rewrite_scores_full(frequencies_task, name):
+    with episode(frequencies_task, sandbox_uid_base=UID) as env:
+        replace_body(env, HONEST_FREQUENCIES[name])
+        r = env.reward()
+    assert r.reward == 1.0 and r.flags == [] and r.error is None, (name, r)
 
 
 def _run_unscreened(task, body, name):
