@@ -117,18 +117,26 @@ def pyc_leak(env, task):
 
 
 FORGE = '''\
-    import sys, os, json
-    m = sys.modules.get("rlvr_verify")
-    if m is not None and hasattr(m, "_NONCE") and not hasattr(m, "_x"):
-        m._x = True
-        def forged(rec):
-            rec = dict(rec, nonce=m._NONCE)
-            if rec.get("outcome") == "failed":
-                rec["outcome"] = "passed"
-            os.write(m._FD, (json.dumps(rec) + "\\n").encode())
-        m._send = forged
+    import os
+    for fd in range(3, 256):   # the runner's pipe is among them: pass lines for every phase
+        try:
+            os.write(fd, b"setup ok\\ncall ok\\nteardown ok\\nreport ok\\n")
+        except OSError:
+            pass
     return None
 '''
+FORGE_EXIT = FORGE.replace("    return None\n", "    os._exit(0)\n")
+SILENCE = FORGE.replace("    return None\n", """\
+    null = os.open("/dev/null", os.O_WRONLY)
+    for fd in range(3, 256):
+        try:
+            os.dup2(null, fd)
+        except OSError:
+            pass
+    return None
+""")
+RESULT_CHANNEL = {"forged lines": FORGE, "forged lines, then os._exit(0)": FORGE_EXIT,
+                  "forged lines, then every fd to /dev/null": SILENCE}
 
 
 def forged_lines(env, task):
@@ -182,7 +190,7 @@ ATTACKS = {
     "non-target helper module puts reference code in": helper_module,
     "return value whose __eq__ is always true": always_equal,
     "reference body from the checkout's .pyc": pyc_leak,
-    "forged result lines with the plugin's nonce": forged_lines,
+    "forged pass lines written to every open fd": forged_lines,
     "pytest report class patched (from the body)": patch_reports,
     "os._exit(0) in the body": os_exit,
     "planted conftest.py clearing excinfo": conftest,
@@ -197,7 +205,7 @@ ATTACK_CLASSES = {
     "non-target helper module puts reference code in": "outside the target",
     "return value whose __eq__ is always true": "always-equal value",
     "reference body from the checkout's .pyc": "reference leak",
-    "forged result lines with the plugin's nonce": "result channel",
+    "forged pass lines written to every open fd": "result channel",
     "pytest report class patched (from the body)": "pytest internals",
     "os._exit(0) in the body": "result channel",
     "planted conftest.py clearing excinfo": "outside the target",

@@ -25,6 +25,7 @@ from tests.tamper_attacks import (
     HONEST_FREQUENCIES,
     HOOK_WRAPPER,
     LOADER_PYC,
+    RESULT_CHANNEL,
     TEST_CODE_VIA_GLOBALS,
     WRONG,
     WRONG_FREQ,
@@ -108,7 +109,7 @@ def _run_unscreened(task, body, name):
     try:
         run = run_tests(Sandbox(dest, uid=UID, limits=Limits(), workdir_readonly=True), task.test_command,
                         target=(f"{INSIDE_REPO}/{task.module_path}", *checked.def_range), timeout_s=120,
-                        allow=checked.allowed)
+                        allow=checked.allowed, qualname=task.qualname)
     finally:
         shutil.rmtree(dest)
     return checked, run
@@ -129,6 +130,15 @@ def test_a_tests_bytecode_stays_refused_through_the_import_systems_loader(merge_
     checked, run = _run_unscreened(merge_task, LOADER_PYC, tmp_path.name)
     assert checked.flags == []   # nothing for the static screen to see
     assert any(".pyc" in r for r in run.refused), (run.refused, run.output[-2000:])
+
+
+@pytest.mark.parametrize("name", list(RESULT_CHANNEL))
+def test_the_code_under_test_cannot_write_the_result(frequencies_task, name, tmp_path):
+    """The screen bypassed: a runner writes only its own pipe, the reporter decides what a line
+    means, and a runner that exits or goes silent mid-test fails that test."""
+    _, run = _run_unscreened(frequencies_task, RESULT_CHANNEL[name], tmp_path.name)
+    outcomes = [run.outcomes.get(t) for t in frequencies_task.fail_to_pass]
+    assert outcomes and all(o != "passed" for o in outcomes), (outcomes, run.tampered, run.output[-2000:])
 
 
 @pytest.fixture(scope="module")
