@@ -3,7 +3,7 @@ the reference body over a task file (median), and the audit of every shipped tas
 body -> 1.0, stub -> below 1.0), on whatever tree is first on the path, so the same script
 measures a tree before and after a change side by side.
 
-    python bench/reward_checks.py tamper [--json out.json]
+    python bench/reward_checks.py tamper [--task frequencies|merge ...] [--uid N] [--json out.json]
     python bench/reward_checks.py latency [--tasks configs/tasks/toolz.jsonl] [--per-level N] [--json out.json]
     python bench/reward_checks.py audit [--tasks FILE ...] [--uid N] [--out DIR] [--only ID ...]
 
@@ -28,18 +28,62 @@ from tests.envs_fixtures import SHIPPED_TOOLZ, episode, replace_body, task_by_qu
 UID = 63021
 
 
-def tamper(uid: int = UID) -> list[dict]:
-    from tests.tamper_attacks import ATTACKS
-    task = task_by_qualname(load_tasks(SHIPPED_TOOLZ), "merge")
+TAMPER_TASKS = ("frequencies", "merge")
+
+
+def _tamper_cases(qualname: str) -> list[tuple[str, str, str, object]]:
+    """(name, kind, class, write) for one task: the reference body, the honest rewrites, the attacks."""
+    from tests import tamper_attacks as ta
+    ref = ("reference body (must stay 1.0)", "honest", "reference",
+           lambda env, t: replace_body(env, t.original_body))
+    if qualname == "merge":
+        return [ref] + [(n, "attack", ta.ATTACK_CLASSES.get(n, "?"), fn) for n, fn in ta.ATTACKS.items()]
+    if qualname == "frequencies":
+        honest = [(n, "honest", "rewrite", (lambda body: lambda env, t: replace_body(env, body))(b))
+                  for n, b in ta.HONEST_FREQUENCIES.items()]
+        wrong = ("wrong body `return {}` (must be 0.0)", "baseline", "wrong body",
+                 lambda env, t: replace_body(env, ta.WRONG_FREQ))
+        return [ref, wrong] + honest + [(n, "attack", cls, fn) for n, (cls, fn) in ta.ATTACKS_FREQUENCIES.items()]
+    raise ValueError(f"no tamper cases for {qualname}")
+
+
+def _why(r) -> str:
+    if r.error:
+        return r.error
+    p = r.parts
+    if "f2p_passed" in p:
+        return (f"{p['f2p_passed']}/{p['f2p_total']} fail-to-pass passed, {p['p2p_failed']} regressions"
+                + (f" ({p['reason']})" if p.get("reason") else ""))
+    return p.get("reason") or ""
+
+
+def tamper(uid: int = UID, tasks: tuple[str, ...] = TAMPER_TASKS) -> list[dict]:
+    """One episode per row: the case written through the agent's tools, then the reward."""
+    all_tasks = load_tasks(SHIPPED_TOOLZ)
     rows = []
-    for name, attack in [("reference body (must stay 1.0)", lambda env, t: replace_body(env, t.original_body)),
-                         *ATTACKS.items()]:
-        with episode(task, sandbox_uid_base=uid) as env:
-            attack(env, task)
-            r = env.reward()
-        rows.append({"attack": name, "reward": r.reward, "why": r.error or r.parts.get("reason"),
-                     "flags": getattr(r, "flags", [])})
-        print(f"{r.reward:5.2f}  {name}  [{(r.error or r.parts.get('reason') or '')[:100]}]", flush=True)
+    start = time.monotonic()
+    for qualname in tasks:
+        task = task_by_qualname(all_tasks, qualname)
+        for name, kind, cls, write in _tamper_cases(qualname):
+            t0 = time.monotonic()
+            with episode(task, sandbox_uid_base=uid) as env:
+                try:
+                    write(env, task)
+                except Exception as e:   # a case that cannot even be written is a bug in the case
+                    print(f"  {name}: could not be written: {e!r}"[:300], flush=True)
+                r = env.reward()
+            rows.append({"task": qualname, "name": name, "kind": kind, "class": cls, "reward": r.reward,
+                         "why": _why(r), "flags": list(getattr(r, "flags", [])),
+                         "seconds": round(time.monotonic() - t0, 2)})
+            print(f"{r.reward:5.2f}  {qualname:11s} {kind:8s} {cls:24s} {name}  [{_why(r)[:110]}]", flush=True)
+    print("\n| task | name | kind | class | reward | why |\n|---|---|---|---|---|---|")
+    for row in rows:
+        why = row["why"].replace("|", "/").replace("\n", " ")[:160]
+        print(f"| {row['task']} | {row['name']} | {row['kind']} | {row['class']} | {row['reward']:.2f} | {why} |")
+    beaten = [r["name"] for r in rows if r["kind"] == "attack" and r["reward"] >= 1.0]
+    hurt = [r["name"] for r in rows if r["kind"] == "honest" and r["reward"] != 1.0]
+    print(f"\n{len(rows)} rows in {time.monotonic() - start:.0f} s; attacks at 1.0: {len(beaten)}; "
+          f"honest below 1.0: {len(hurt)}")
     return rows
 
 
@@ -134,12 +178,14 @@ def main() -> None:
     ap.add_argument("--out", default="docs/results/reward-audit", help="audit: output folder")
     ap.add_argument("--only", nargs="+", help="audit: re-score only these task ids")
     ap.add_argument("--per-level", type=int, default=None, help="latency: first N tasks of each level")
+    ap.add_argument("--task", nargs="+", choices=TAMPER_TASKS, default=list(TAMPER_TASKS),
+                    help="tamper: the toolz tasks whose attacks and honest rewrites are scored")
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.what == "audit":
         audit(args.tasks or sorted(map(str, SHIPPED_TASKS.glob("*.jsonl"))), args.uid, Path(args.out), args.only)
         return
-    result = (tamper(args.uid) if args.what == "tamper" else
+    result = (tamper(args.uid, tuple(args.task)) if args.what == "tamper" else
               latency((args.tasks or [str(SHIPPED_TOOLZ)])[0], args.per_level, args.uid))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

@@ -113,7 +113,8 @@ def compute_reward(task: Task, checkout: Path, pristine: Path, scratch: Path, ui
         build_verify_tree(task, submitted, pristine, dest)
         sandbox = Sandbox(dest, uid=uid, limits=limits, workdir_readonly=True, site_overlay=site_overlay)
         run = run_tests(sandbox, task.test_command, timeout_s=timeout_s,
-                        per_test_timeout_s=per_test_timeout_s, target=target, allow=checked.allowed)
+                        per_test_timeout_s=per_test_timeout_s, target=target, allow=checked.allowed,
+                        qualname=task.qualname)
     finally:
         shutil.rmtree(dest, ignore_errors=True)
     f2p_passed = [t for t in task.fail_to_pass if run.outcomes.get(t) == "passed"]

@@ -1,10 +1,11 @@
 """Run a repository's tests inside the sandbox and collect per-test outcomes through the
-verification plugin's pipe (never from pytest's own, forgeable, output)."""
+verification plugin's pipe (never from pytest's own, forgeable, output). Only the plugin's
+reporter process holds the pipe and it never runs a test (envs/verify_plugin/rlvr_verify.py
+says why that makes the pipe's lines the reporter's); the lines are still parsed as untrusted."""
 from __future__ import annotations
 
 import json
 import os
-import secrets
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ class TestRun:
     tampered: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)   # operations the audit hook refused the target
     finished: bool = False        # the plugin reached session end
-    forged_lines: int = 0         # lines on the channel without the nonce
+    forged_lines: int = 0         # lines on the channel that are not the reporter's records
     timed_out: bool = False
     exit_code: int = 0
     output: str = ""
@@ -41,13 +42,14 @@ class TestRun:
 def run_tests(sandbox: Sandbox, test_command: Sequence[str], nodeids: Sequence[str] = (),
               timeout_s: float = 120.0, per_test_timeout_s: float = 10.0,
               extra_args: Sequence[str] = (), target: tuple[str, int, int] | None = None,
-              allow: Sequence[str] = ()) -> TestRun:
+              allow: Sequence[str] = (), qualname: str = "") -> TestRun:
     """Run `test_command` (+ nodeids) in the sandbox's checkout with the plugin loaded.
     target: (file inside the sandbox, first line, last line) of the function under test,
     whose frames the plugin's audit hook holds to account; allow: the hook's refusals its
-    reference does itself (envs/screen.py `audit_allowances`)."""
+    reference does itself (envs/screen.py `audit_allowances`); qualname: the tested name, which
+    must resolve to the target's code after collection. Each test runs in its own process with
+    a deadline of twice the per-test timeout plus 5 s (past it, or stopped, it fails)."""
     read_fd, write_fd = os.pipe()
-    nonce = secrets.token_hex(16)
     chunks: list[bytes] = []
     flooded = []
 
@@ -66,10 +68,10 @@ def run_tests(sandbox: Sandbox, test_command: Sequence[str], nodeids: Sequence[s
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
     argv = [*test_command, f"--timeout={per_test_timeout_s:g}", *extra_args, *nodeids]
-    env = {"PYTHONPATH": INSIDE_PLUGIN, "RLVR_RESULT_FD": str(write_fd),
-           "RLVR_RESULT_NONCE": nonce, "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {"PYTHONPATH": INSIDE_PLUGIN, "RLVR_RESULT_FD": str(write_fd), "PYTHONDONTWRITEBYTECODE": "1",
+           "RLVR_TEST_DEADLINE": f"{2 * per_test_timeout_s + 5:g}"}
     if target is not None:
-        env["RLVR_TARGET"] = f"{target[0]}:{target[1]}:{target[2]}"
+        env["RLVR_TARGET"] = f"{target[0]}:{target[1]}:{target[2]}:{qualname}"
         env["RLVR_ALLOW"] = ",".join(allow)
     try:
         res = sandbox.run_argv(argv, timeout_s, env=env, pass_fds=(write_fd,),
@@ -86,7 +88,7 @@ def run_tests(sandbox: Sandbox, test_command: Sequence[str], nodeids: Sequence[s
         except json.JSONDecodeError:
             run.forged_lines += 1
             continue
-        if not isinstance(rec, dict) or rec.get("nonce") != nonce:
+        if not isinstance(rec, dict):
             run.forged_lines += 1
             continue
         if "nodeid" in rec:
@@ -104,5 +106,5 @@ def run_tests(sandbox: Sandbox, test_command: Sequence[str], nodeids: Sequence[s
     if flooded:
         run.tampered.append(f"result channel flooded past {MAX_CHANNEL_BYTES} bytes")
     if run.forged_lines:
-        run.tampered.append(f"{run.forged_lines} unsigned lines on the result channel")
+        run.tampered.append(f"{run.forged_lines} lines on the result channel that are not the reporter's")
     return run

@@ -68,13 +68,25 @@ def test_only_the_target_function_is_taken(tasks, merge_task):
     assert r.reward == 0.0 and "changed outside the body of merge" in r.error and r.flags, r
 
 
-def test_a_p2p_regression_scores_zero(merge_task):
+def test_a_p2p_regression_scores_zero():
+    """A mutation task's stub is a bug the PASS_TO_PASS tests still pass on: a body that breaks
+    what they check scores 0 whatever it does to the FAIL_TO_PASS ones."""
+    from envs.tasks import SHIPPED_TASKS, load_tasks
+    task = next(t for t in load_tasks(SHIPPED_TASKS / "toolz-mutation.jsonl") if t.id.endswith("merge:mutation@33"))
+    with episode(task) as env:
+        replace_body(env, "    if 1 / 0:\n")   # the mutated line (a mutation task's stub) now raises
+        r = env.reward()
+    assert r.reward == 0.0 and r.parts["p2p_failed"] >= 1 and "previously passing" in r.error, r
+
+
+def test_state_a_body_breaks_stays_in_its_own_tests_process(merge_task):
+    """Each test runs in its own process: a body that breaks its module's shared state (correct
+    once, then every later call wrong) fails the tests that call it again, never another test."""
     with episode(merge_task) as env:
-        # correct once, then it breaks the module's other functions (they share _get_factory)
         replace_body(env, "    global _get_factory\n" + merge_task.original_body.replace(
             "    return rv", "    _get_factory = lambda f, kw: list\n    return rv"))
         r = env.reward()
-    assert r.reward == 0.0 and r.parts["p2p_failed"] >= 1 and "previously passing" in r.error, r
+    assert 0.0 < r.reward < 1.0 and r.parts["p2p_failed"] == 0, r
 
 
 def test_test_and_conftest_edits_are_ignored(merge_task):

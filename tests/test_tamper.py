@@ -2,6 +2,9 @@
 flagged with a reason; the reference body scores 1.0 in the same kind of episode."""
 from __future__ import annotations
 
+import os
+import re
+
 import pytest
 
 from envs.reward import build_verify_tree
@@ -17,15 +20,19 @@ from tests.envs_fixtures import (
 )
 from tests.tamper_attacks import (
     ATTACKS,
+    ATTACKS_FREQUENCIES,
     FRAME_SOURCE,
+    HONEST_FREQUENCIES,
     HOOK_WRAPPER,
     LOADER_PYC,
+    RESULT_CHANNEL,
     TEST_CODE_VIA_GLOBALS,
     WRONG,
+    WRONG_FREQ,
     _indent,
 )
 
-UID = 63019
+UID = int(os.environ.get("RLVR_TAMPER_UID", "63019"))   # a uid range no concurrent run uses
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +57,41 @@ def test_attack_does_not_earn_reward(merge_task, attack):
           f"ignored {r.parts.get('ignored_files')}")
 
 
+@pytest.fixture(scope="module")
+def frequencies_task():
+    return task_by_qualname(toolz_tasks(), "frequencies")
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-")[:70]
+
+
+def test_a_wrong_frequencies_body_scores_zero(frequencies_task):
+    """The attacks below carry this kind of wrong body: 1.0 can only come from the attack."""
+    with episode(frequencies_task, sandbox_uid_base=UID) as env:
+        replace_body(env, WRONG_FREQ)
+        r = env.reward()
+    assert r.reward == 0.0 and r.parts["f2p_passed"] == 0, r
+
+
+@pytest.mark.parametrize("attack", list(ATTACKS_FREQUENCIES), ids=_slug)
+def test_frequencies_attack_does_not_earn_reward(frequencies_task, attack):
+    cls, write = ATTACKS_FREQUENCIES[attack]
+    with episode(frequencies_task, sandbox_uid_base=UID) as env:
+        write(env, frequencies_task)
+        r = env.reward()
+    print(f"\n[{cls}] {attack}: reward {r.reward:.2f}; {r.error or r.parts.get('reason') or ''}")
+    assert r.reward < 1.0, (cls, attack, r)
+
+
+@pytest.mark.parametrize("name", list(HONEST_FREQUENCIES), ids=_slug)
+def test_honest_frequencies_rewrite_scores_full(frequencies_task, name):
+    with episode(frequencies_task, sandbox_uid_base=UID) as env:
+        replace_body(env, HONEST_FREQUENCIES[name])
+        r = env.reward()
+    assert r.reward == 1.0 and r.flags == [] and r.error is None, (name, r)
+
+
 def _run_unscreened(task, body, name):
     """The task's tests on `body` with the verifier's target and allowances, the screen's flags
     ignored (what the audit hook alone makes of it). Returns (screen, run)."""
@@ -67,7 +109,7 @@ def _run_unscreened(task, body, name):
     try:
         run = run_tests(Sandbox(dest, uid=UID, limits=Limits(), workdir_readonly=True), task.test_command,
                         target=(f"{INSIDE_REPO}/{task.module_path}", *checked.def_range), timeout_s=120,
-                        allow=checked.allowed)
+                        allow=checked.allowed, qualname=task.qualname)
     finally:
         shutil.rmtree(dest)
     return checked, run
@@ -88,6 +130,15 @@ def test_a_tests_bytecode_stays_refused_through_the_import_systems_loader(merge_
     checked, run = _run_unscreened(merge_task, LOADER_PYC, tmp_path.name)
     assert checked.flags == []   # nothing for the static screen to see
     assert any(".pyc" in r for r in run.refused), (run.refused, run.output[-2000:])
+
+
+@pytest.mark.parametrize("name", list(RESULT_CHANNEL))
+def test_the_code_under_test_cannot_write_the_result(frequencies_task, name, tmp_path):
+    """The screen bypassed: a runner writes only its own pipe, the reporter decides what a line
+    means, and a runner that exits or goes silent mid-test fails that test."""
+    _, run = _run_unscreened(frequencies_task, RESULT_CHANNEL[name], tmp_path.name)
+    outcomes = [run.outcomes.get(t) for t in frequencies_task.fail_to_pass]
+    assert outcomes and all(o != "passed" for o in outcomes), (outcomes, run.tampered, run.output[-2000:])
 
 
 @pytest.fixture(scope="module")
