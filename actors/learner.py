@@ -35,7 +35,7 @@ from modeling.learner_memory import (
 from modeling.packing import micro_batches, pack, packed_micro_batches, packed_rows
 from modeling.precision import cpu_has_bf16
 from modeling.shared_prefix import prefix_micro_batches, prefix_row, shared_prefix_rows, use_shared_prefix_attention
-from rl.config import LearnerConfig, ModelConfig
+from rl.config import LearnerConfig, LoraConfig, ModelConfig
 from rl.folders import read_folder, write_folder
 from rl.grpo import grpo_token_loss, sequence_weights
 from rl.types import TrainSample
@@ -74,9 +74,11 @@ def pick_dtype(model_cfg: ModelConfig, device: torch.device) -> torch.dtype:
 class Learner:
     def __init__(self, model_path: str, cfg: LearnerConfig, model_cfg: ModelConfig, seed: int,
                  rank: int = 0, world_size: int = 1, dist_addr: str | None = None,
-                 *, base_model: torch.nn.Module | None = None):
-        """base_model: an already-built HF causal LM (benchmarks with random weights); else loaded from model_path."""
-        from peft import LoraConfig, get_peft_model
+                 *, lora: LoraConfig | None = None, base_model: torch.nn.Module | None = None):
+        """lora: the adapter's shape (the run's `lora` section; default LoraConfig()).
+        base_model: an already-built HF causal LM (benchmarks with random weights); else loaded from model_path."""
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import get_peft_model
         from transformers import AutoConfig, AutoModelForCausalLM
 
         torch.set_num_threads(cfg.torch_threads)
@@ -113,17 +115,18 @@ class Learner:
                 device_map={"": self.device} if self.device.type == "cuda" else None)
         base_model.to(self.device)
         base_model.config.use_cache = False
-        targets = cfg.lora_target_modules
-        lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                          target_modules="all-linear" if targets == ["all-linear"] else list(targets),
-                          task_type="CAUSAL_LM")
-        self.model = get_peft_model(base_model, lora)
+        lora = lora or LoraConfig()
+        targets = lora.target_modules
+        peft_cfg = PeftLoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                  target_modules="all-linear" if targets == ["all-linear"] else list(targets),
+                                  task_type="CAUSAL_LM")
+        self.model = get_peft_model(base_model, peft_cfg)
         base = self.model.get_base_model()
         self.decoder = base.model  # the transformer body: hidden states, no LM head
         self.lm_head = base.get_output_embeddings()
         if any(p.requires_grad for p in self.lm_head.parameters()):
             raise ValueError("the LM head is trainable, but the fused loss treats it as frozen; "
-                             "remove 'lm_head' from learner.lora_target_modules")
+                             "remove 'lm_head' from lora.target_modules")
         if cfg.gradient_checkpointing:
             # activation offload needs the reentrant form: it saves the layer inputs through
             # save_for_backward, which save_on_cpu can intercept
@@ -141,7 +144,7 @@ class Learner:
             tile_mlps(self.decoder, cfg.mlp_tile_tokens)
         if cfg.linear_attn_segment_tokens > 0:
             segment_linear_attention(self.decoder, cfg.linear_attn_segment_tokens)
-        if cfg.share_prefix:
+        if cfg.layout == "shared_prefix":
             use_shared_prefix_attention(base)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if world_size > 1:
@@ -225,10 +228,10 @@ class Learner:
         # fp64 sums: weighted loss, clipped tokens, ratio, kl, IS weight, IS-capped tokens
         stats = torch.zeros(6, dtype=torch.float64, device=self.device)
         with linear_attention_segments(cfg.linear_attn_segment_tokens), self._autocast():
-            if cfg.share_prefix:
+            if cfg.layout == "shared_prefix":
                 for batch in prefix_micro_batches(trained, cfg.micro_batch_tokens):
                     stats += self._prefix_micro_step(batch, [weights[id(s)] for s in batch])
-            elif cfg.pack_samples:
+            elif cfg.layout == "packed":
                 for batch in packed_micro_batches(trained, cfg.micro_batch_tokens):
                     stats += self._packed_micro_step(batch, [weights[id(s)] for s in batch])
             else:

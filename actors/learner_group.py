@@ -62,7 +62,8 @@ class LearnerGroup:
         actor_cls = ray.remote(with_output_copied(Learner))
         self.world_size = n
         self.actors = [actor_cls.options(**options[r]).remote(
-            model_path, cfg.learner, cfg.model, cfg.trainer.seed, rank=r, world_size=n, dist_addr=addr)
+            model_path, cfg.learner, cfg.model, cfg.trainer.seed, rank=r, world_size=n, dist_addr=addr,
+            lora=cfg.lora)
             for r in range(n)]
         self._building = [a.num_trainable_params.remote() for a in self.actors]
         if wait:

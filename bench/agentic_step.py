@@ -140,7 +140,7 @@ def main() -> None:
                 _write(args.json, {"args": vars(args), "partial": True, "rows": rows})
 
     from transformers import AutoTokenizer
-    learner = Learner(model_path, cfg.learner, cfg.model, seed=0)
+    learner = Learner(model_path, cfg.learner, cfg.model, seed=0, lora=cfg.lora)
     parity_ids = AutoTokenizer.from_pretrained(model_path)(cfg.sync.parity_text)["input_ids"]
     learner_lp = learner.sequence_logprobs(parity_ids)
     results = {}

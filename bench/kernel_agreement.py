@@ -32,14 +32,14 @@ def main() -> None:
     from bench.learner_memory import build_model
     from modeling.fast_kernels import enable_fast_kernels
     from modeling.packing import pack, packed_rows
-    from rl.config import LearnerConfig, ModelConfig
+    from rl.config import LearnerConfig, LoraConfig, ModelConfig
     from rl.types import TrainSample
 
     device = torch.device("cuda")
     _, model = build_model("qwen3.5-4b-random", device, torch.bfloat16)
-    cfg = LearnerConfig(lora_rank=16, lora_alpha=32, lora_target_modules=["all-linear"], fast_kernels="off",
-                        mlp_tile_tokens=4096)
-    ln = Learner("", cfg, ModelConfig(), seed=0, base_model=model)
+    cfg = LearnerConfig(fast_kernels="off", mlp_tile_tokens=4096)
+    lora = LoraConfig(rank=16, alpha=32, target_modules=["all-linear"])
+    ln = Learner("", cfg, ModelConfig(), seed=0, lora=lora, base_model=model)
     torch.manual_seed(1)
     for n, p in ln.model.named_parameters():  # non-zero LoRA B, so the adapters take part
         if "lora_B" in n:

@@ -98,8 +98,8 @@ def main() -> None:
     def cfg(n: int) -> RunConfig:
         return RunConfig.model_validate({"learner": {
             "num_learners": n, "num_gpus": args.num_gpus, "num_cpus": args.num_cpus,
-            "torch_threads": args.threads, "lora_target_modules": args.lora_targets.split(","),
-            "micro_batch_tokens": max(args.seq_len, 4096)}})
+            "torch_threads": args.threads, "micro_batch_tokens": max(args.seq_len, 4096)},
+            "lora": {"target_modules": args.lora_targets.split(",")}})
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     env = {"OMP_NUM_THREADS": str(args.threads), "RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"],
@@ -113,7 +113,7 @@ def main() -> None:
 
     single_cfg = cfg(1)
     single = ray.remote(Learner).options(num_cpus=args.num_cpus, num_gpus=args.num_gpus).remote(
-        path, single_cfg.learner, single_cfg.model, single_cfg.trainer.seed)
+        path, single_cfg.learner, single_cfg.model, single_cfg.trainer.seed, lora=single_cfg.lora)
     ray.get(single.train_step.remote(batches[0]))
     m1, t1 = timed_steps(lambda b: ray.get(single.train_step.remote(b)), batches[1:])
     single_state = ray.get(single.lora_state.remote())

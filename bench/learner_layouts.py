@@ -24,8 +24,8 @@ VARIANTS = {  # name: LearnerConfig overrides (the rest as configs/default.yaml 
     "padded+ckpt+fp32": {"gradient_checkpointing": True, "cpu_bf16": False, "micro_batch_tokens": 2048},
     "padded+ckpt": {"gradient_checkpointing": True, "micro_batch_tokens": 2048},
     "padded": {"gradient_checkpointing": False, "micro_batch_tokens": 2048},
-    "shared_prefix+ckpt": {"gradient_checkpointing": True, "share_prefix": True, "micro_batch_tokens": 32768},
-    "shared_prefix": {"gradient_checkpointing": False, "share_prefix": True, "micro_batch_tokens": 32768},
+    "shared_prefix+ckpt": {"gradient_checkpointing": True, "layout": "shared_prefix", "micro_batch_tokens": 32768},
+    "shared_prefix": {"gradient_checkpointing": False, "layout": "shared_prefix", "micro_batch_tokens": 32768},
 }
 
 

@@ -122,29 +122,29 @@ def worker(args) -> None:
     import torch
 
     from actors.learner import Learner, pick_device
-    from rl.config import LearnerConfig, ModelConfig
+    from rl.config import LearnerConfig, LoraConfig, ModelConfig
     from rl.types import TrainSample
 
     device = pick_device()
     if device.type == "cuda" and args.cap_gib:
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(args.cap_gib * 2**30 / total, device)
-    fields = dict(lora_rank=16, lora_alpha=32, lora_target_modules=args.lora_targets.split(","),
-                  logit_chunk_tokens=args.logit_chunk, micro_batch_tokens=max(args.lengths_list),
+    lora = LoraConfig(rank=16, alpha=32, target_modules=args.lora_targets.split(","))
+    fields = dict(logit_chunk_tokens=args.logit_chunk, micro_batch_tokens=max(args.lengths_list),
                   torch_threads=args.threads)
     lcfg = LearnerConfig(**{**fields, **VARIANTS[args.variant]})
     mcfg = ModelConfig()
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     t0 = time.perf_counter()
     path, model = build_model(args.model, device, dtype)
-    learner = Learner(path, lcfg, mcfg, seed=0, base_model=model)
+    learner = Learner(path, lcfg, mcfg, seed=0, lora=lora, base_model=model)
     static = torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else None
     vocab = learner.lm_head.weight.shape[0]
     base = learner.model.get_base_model()
     emit({"event": "ready", "variant": args.variant, "build_s": time.perf_counter() - t0,
           "trainable_params": learner.num_trainable_params(), "static_gib": static,
           "fast_kernels": learner.fast_kernels, "peak_tflops": args.peak_tflops,
-          "flops_per_token": {n: flops_per_token(base, n, lcfg.lora_rank) for n in args.lengths_list}})
+          "flops_per_token": {n: flops_per_token(base, n, lora.rank) for n in args.lengths_list}})
     rng = random.Random(0)
 
     def sample(n: int) -> TrainSample:
@@ -159,7 +159,7 @@ def worker(args) -> None:
         row = {"variant": args.variant, "tokens": n}
         try:
             m = learner.train_step([sample(n)])
-            fpt = flops_per_token(base, n, lcfg.lora_rank)["total"]
+            fpt = flops_per_token(base, n, lora.rank)["total"]
             row.update(status="ok", peak_gib=m["peak_mem_gib"], step_s=m["seconds"],
                        tokens_per_s=n / m["seconds"], loss=m["loss"], grad_norm=m["grad_norm"],
                        mfu=n * fpt / m["seconds"] / (args.peak_tflops * 1e12))

@@ -77,9 +77,9 @@ def main() -> None:
 
     cfg = load_config(args.config)
     model_path = resolve_model_path(cfg.model.path)
-    adapter = make_adapter(model_path, cfg.learner.lora_rank, cfg.learner.lora_alpha, cfg.learner.lora_target_modules,
+    adapter = make_adapter(model_path, cfg.lora.rank, cfg.lora.alpha, cfg.lora.target_modules,
                            Path(tempfile.mkdtemp(prefix="bench-lora-")) / "adapter")
-    worker = RolloutWorker(model_path, cfg.rollout, cfg.model, enable_lora=True, max_lora_rank=cfg.learner.lora_rank)
+    worker = RolloutWorker(model_path, cfg.rollout, cfg.model, enable_lora=True, max_lora_rank=cfg.lora.rank)
     tok = worker.tokenizer
     prompts = [tok.apply_chat_template([{"role": "user", "content": f"Write a short poem about the number {i}."}],
                                        add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
@@ -103,7 +103,7 @@ def main() -> None:
     failure = batched_rescore_fails(worker, prompts[0])
     worker.shutdown()
 
-    print(f"{args.config}: LoRA r{cfg.learner.lora_rank} on {len(cfg.learner.lora_target_modules)} module kinds, "
+    print(f"{args.config}: LoRA r{cfg.lora.rank} on {len(cfg.lora.target_modules)} module kinds, "
           f"{args.max_tokens} tokens per stream, {args.rounds} alternated rounds, load {os.getloadavg()[0]:.1f}")
     print(f"{'streams':>8} | {'base tok/s':>10} | {'LoRA tok/s':>10} | {'LoRA/base':>9}")
     for row in rows:

@@ -34,7 +34,7 @@ def worker(tokens: int, lever: str, cap_gib: float, steps: int, kernels: str) ->
     from bench.learner_memory import QWEN35_4B
     from bench.qwen35_checkpoint import tiny_tokenizer
     from modeling.sft import _sft_args, select_kernels
-    from rl.config import WarmStartConfig
+    from rl.config import RunConfig, WarmStartConfig
 
     total = torch.cuda.mem_get_info()[1]
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * 2**30 / total))
@@ -59,7 +59,8 @@ def worker(tokens: int, lever: str, cap_gib: float, steps: int, kernels: str) ->
         args = _sft_args(ws, Path(tmp), cuda=True, bf16=True)
         args.max_steps, args.gradient_accumulation_steps = steps, 1
         args.save_strategy, args.disable_tqdm = "no", True
-        peft = LoraConfig(r=ws.lora_rank, lora_alpha=ws.lora_alpha, target_modules=list(ws.lora_target_modules),
+        lora = RunConfig().lora  # the warm-start's adapter: the run's lora section
+        peft = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.target_modules),
                           task_type="CAUSAL_LM")
         trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
                              processing_class=tiny_tokenizer(), peft_config=peft, callbacks=[Clock()])

@@ -17,7 +17,7 @@ first. Sides:
               fp32 weights) and bf16 serving (parity threshold 0.1, truncated IS weights, cap 2)
   trl-bf16    trl with bf16=True, TRL's own default (autocast on CPU)
   ours-prefix, ours-bf16-prefix
-              ours-ahead / ours-bf16 with learner.share_prefix=true: the group's prompt is
+              ours-ahead / ours-bf16 with learner.layout=shared_prefix: the group's prompt is
               computed once in the update, each completion attending to it and itself
 Each step's mean completion length is kept too: the reward shortens completions, and a side
 whose completions shrink faster does less work per step.
@@ -64,7 +64,7 @@ GROUP, MAX_TOKENS, LR = 8, 64, 2e-3
 def ours_overrides(run_dir: Path, steps: int) -> list[str]:
     return [f"trainer.run_dir={run_dir}", f"trainer.steps={steps}", "trainer.batch_size=1",
             f"trainer.group_size={GROUP}", f"trainer.checkpoint_every={steps}", f"rollout.max_tokens={MAX_TOKENS}",
-            "rollout.num_cpus=1", "learner.torch_threads=1", "learner.lora_rank=16", "learner.lora_alpha=32",
+            "rollout.num_cpus=1", "learner.torch_threads=1", "lora.rank=16", "lora.alpha=32",
             f"learner.lr={LR}", "learner.gradient_checkpointing=false", "sync.strategy=merged"]
 
 
@@ -97,7 +97,7 @@ def _ours_result(run_dir: Path, stdout: str, launch: float) -> dict:
 
 BF16 = ("trainer.rollout_ahead=true", "learner.cpu_bf16=true", "rollout.dtype=bfloat16", "sync.parity_threshold=0.1",
         "learner.tis_cap=2.0")
-PREFIX = "learner.share_prefix=true"
+PREFIX = "learner.layout=shared_prefix"
 
 
 def run_trl(steps: int, threads: int = 1, bf16: bool = False) -> dict:
@@ -133,7 +133,7 @@ def trl_child(out: str, steps: int, threads: int, bf16: bool) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from modeling.default_model import resolve_model_path
-    from rl.config import LearnerConfig
+    from rl.config import RunConfig
     from rl.length_reward import LENGTH_PROMPTS
 
     times: dict[str, list] = {"begin": [], "end": [], "reward": [], "length": [], "generate": []}
@@ -158,7 +158,7 @@ def trl_child(out: str, steps: int, threads: int, bf16: bool) -> None:
                       num_generations=GROUP, max_completion_length=MAX_TOKENS, max_steps=steps, learning_rate=LR,
                       temperature=1.0, beta=0.0, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
                       bf16=bf16, gradient_checkpointing=False, dataloader_num_workers=0, seed=0)
-    lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=LearnerConfig().lora_target_modules,
+    lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=RunConfig().lora.target_modules,
                       task_type="CAUSAL_LM")
     trainer = GRPOTrainer(model=resolve_model_path("default"), reward_funcs=shorter, args=args,
                           train_dataset=data, peft_config=lora, callbacks=[Clock()])
@@ -294,7 +294,7 @@ def trl_gpu_child(out: str, model: str, steps: int, card_gib: float, eager: bool
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rl.config import LearnerConfig
+    from rl.config import RunConfig
     from rl.length_reward import LENGTH_PROMPTS
 
     # TRL builds vLLM itself; its engine gets the same KV cache as ours, and eager as the recipe ran it
@@ -326,7 +326,7 @@ def trl_gpu_child(out: str, model: str, steps: int, card_gib: float, eager: bool
                       use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=True,
                       vllm_gpu_memory_utilization=0.3, vllm_max_model_length=2048,
                       model_init_kwargs={"dtype": "bfloat16"})
-    lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=LearnerConfig().lora_target_modules,
+    lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=RunConfig().lora.target_modules,
                       task_type="CAUSAL_LM")
     trainer = GRPOTrainer(model=model, reward_funcs=shorter, args=args, train_dataset=data, peft_config=lora,
                           callbacks=[Clock()])

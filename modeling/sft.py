@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from modeling.precision import cpu_has_bf16
-from rl.config import ModelConfig, WarmStartConfig
+from rl.config import LoraConfig, ModelConfig, WarmStartConfig
 from rl.jsonl import append_durable, read_complete
 
 MODEL_DIR = "model"
@@ -81,8 +81,9 @@ def save_adapter(peft_model, folder: Path, base: str) -> Path:
 
 
 def run_sft(rows: list[dict], model_path: str, cfg: WarmStartConfig, out_dir: str | Path,
-            model_cfg: ModelConfig | None = None) -> Path:
-    """Train LoRA on `rows` ({"input_ids", "assistant_masks"}) and write the merged model.
+            model_cfg: ModelConfig | None = None, lora: LoraConfig | None = None) -> Path:
+    """Train LoRA (of `lora`'s shape, the run's `lora` section; default LoraConfig()) on `rows`
+    ({"input_ids", "assistant_masks"}) and write the merged model.
 
     Returns the merged folder; if it is already complete (`sft_done.json`), returns it as is, or
     the adapter folder where only that came back (an SFT run on another host): `model.path` takes
@@ -90,7 +91,7 @@ def run_sft(rows: list[dict], model_path: str, cfg: WarmStartConfig, out_dir: st
     """
     import torch
     from datasets import Dataset
-    from peft import LoraConfig
+    from peft import LoraConfig as PeftLoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import SFTTrainer
 
@@ -118,9 +119,10 @@ def run_sft(rows: list[dict], model_path: str, cfg: WarmStartConfig, out_dir: st
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype)
     select_kernels(model, cfg, cuda)
-    targets = cfg.lora_target_modules
-    peft_cfg = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, task_type="CAUSAL_LM",
-                          target_modules="all-linear" if targets == ["all-linear"] else list(targets))
+    lora = lora or LoraConfig()
+    targets = lora.target_modules
+    peft_cfg = PeftLoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, task_type="CAUSAL_LM",
+                              target_modules="all-linear" if targets == ["all-linear"] else list(targets))
     log_path = out / "sft_log.jsonl"
 
     class LossLog(TrainerCallback):

@@ -142,7 +142,7 @@ def use_shared_prefix_attention(model: torch.nn.Module) -> None:
     config = model.config
     other = sorted(set(getattr(config, "layer_types", None) or []) - {"full_attention"})
     if other:
-        raise ValueError(f"learner.share_prefix needs full attention in every layer; this model also has {other} "
-                         "layers. Use learner.pack_samples=true instead")
+        raise ValueError(f"learner.layout=shared_prefix needs full attention in every layer; this model also has "
+                         f"{other} layers. Use learner.layout=packed instead")
     AttentionInterface.register(ATTENTION, _attention)
     model.set_attn_implementation(ATTENTION)

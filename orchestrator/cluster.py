@@ -247,7 +247,7 @@ def spawn_rollout_workers(cfg: RunConfig, model_path: str, placement: Placement 
     lora = cfg.sync.strategy == "lora" if enable_lora is None else enable_lora
     threads = max(1, int(cfg.rollout.num_cpus))
     return [ray.remote(with_output_copied(RolloutWorker)).options(**_options(cfg, placement, "rollout", i, threads))
-            .remote(model_path, cfg.rollout, cfg.model, lora, cfg.learner.lora_rank)
+            .remote(model_path, cfg.rollout, cfg.model, lora, cfg.lora.rank)
             for i in range(cfg.rollout.num_workers if count is None else count)]
 
 

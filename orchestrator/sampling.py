@@ -9,7 +9,7 @@ which extra group comes next depends only on (seed, step, j), so a resumed step 
 same decisions from the stored rewards and rolls out only what is missing.
 
 Rewards seen here are training rewards: the verifier's reward shaped by task.reward_mode,
-with episodes that ended in a way listed in learner.mask_episodes left out of their group.
+with episodes that ended in a way listed in trainer.sampling.mask_episodes left out of their group.
 """
 from __future__ import annotations
 
@@ -23,19 +23,19 @@ from orchestrator.rollouts.base import Episode, GroupSpec, Rollouts
 from rl.advantages import group_ties, shape_reward
 from rl.config import RunConfig
 
-# learner.mask_episodes names -> the scaffold stop reasons they cover
+# trainer.sampling.mask_episodes names -> the scaffold stop reasons they cover
 MASKED_STOPS = {"truncated": {"length", "token_budget"}, "wall_clock": {"wall_clock"}, "max_turns": {"max_turns"}}
 
 
 def masked(episode: Episode, kinds: list[str]) -> bool:
-    """The episode ended by an environment limit listed in learner.mask_episodes."""
+    """The episode ended by an environment limit listed in trainer.sampling.mask_episodes."""
     stop = episode.record.stop_reason
     return any(stop in MASKED_STOPS[k] for k in kinds)
 
 
 def training_group(episodes: list[Episode], cfg: RunConfig) -> list[Episode]:
     """The group as training sees it: masked episodes out, rewards shaped by task.reward_mode."""
-    kept = [e for e in episodes if not masked(e, cfg.learner.mask_episodes)]
+    kept = [e for e in episodes if not masked(e, cfg.trainer.sampling.mask_episodes)]
     return [Episode(e.group_id, shape_reward(e.reward, cfg.task.reward_mode), e.sequences, e.record) for e in kept]
 
 
@@ -90,7 +90,7 @@ def collect_step(step: int, rollouts: Rollouts, store: EpisodeStore, cfg: RunCon
                  on_episode_done=None) -> StepGroups:
     """Roll out (or reuse) the step's groups; with dynamic sampling, replace tying ones.
     on_episode_done (a progress bar) sees every episode rolled out now as it ends."""
-    ds, names = cfg.trainer.dynamic_sampling, rollouts.names
+    ds, names = cfg.trainer.sampling.dynamic, rollouts.names
     done = store.load_groups(step)
     reused = set(done)
     if done:

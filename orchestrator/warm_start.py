@@ -136,7 +136,7 @@ def warm_start(cfg: RunConfig, folder: Path, train_tasks: list[Task], demos_only
                              "(a harvest of another split, or of its held-out tasks)")
         rows += harvested
         print(f"[warm-start] {len(harvested)} harvested rows from {hdir}", flush=True)
-    return run_sft(rows, base, cfg.warm_start, folder / sft_folder_name(cfg), cfg.model)
+    return run_sft(rows, base, cfg.warm_start, folder / sft_folder_name(cfg), cfg.model, lora=cfg.lora)
 
 
 def sft_folder_name(cfg: RunConfig) -> str:
@@ -196,6 +196,7 @@ def ship(cfg: RunConfig, run_dir: Path, dest: Path, command: str, heldout: list[
                   "variants": {v: sum(d["variant"] == v for d in kept) for v in sorted({d["variant"] for d in kept})}},
         "sft": json.loads(done.read_text()),
         "warm_start_config": cfg.warm_start.model_dump(),
+        "lora_config": cfg.lora.model_dump(),
         "tasks_file": cfg.task.tasks_file, "split_seed": cfg.trainer.seed,
         "split": {side: split.get(side, []) for side in ("demo", "train", "test")},
         "heldout": [heldout_figures(d) for d in heldout],

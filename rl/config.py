@@ -87,16 +87,23 @@ class RolloutConfig(Section):
         return True, "rollout.enforce_eager=auto on CPU: eager (no CUDA graphs)"
 
 
+class LoraConfig(Section):
+    """The LoRA adapter the learner trains and the warm-start (SFT) trains: one shape for both,
+    so a warm-started policy and the GRPO run that continues it agree."""
+    rank: int = Field(16, ge=1)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="module names PEFT adapts; ['all-linear'] adapts every linear layer but the LM head")
+
+
 class LearnerConfig(Section):
     num_learners: int = Field(1, ge=1, description=">1: data-parallel group, gradients all-reduced")
     num_gpus: float = Field(0.0, ge=0)
     num_cpus: float = Field(1.0, gt=0)
     gpu_memory_fraction: float = Field(1.0, gt=0, le=1, description="cap on the learner's share of its GPU "
                                        "(torch.cuda.set_per_process_memory_fraction); the rest is vLLM's")
-    lora_rank: int = Field(16, ge=1)
-    lora_alpha: int = Field(32, ge=1)
-    lora_dropout: float = Field(0.0, ge=0, lt=1)
-    lora_target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     lr: float = Field(1e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(1.0, gt=0)
@@ -113,10 +120,6 @@ class LearnerConfig(Section):
         None, ge=1, description="truncated importance sampling: the PPO ratio is taken against the learner's "
                                 "own log-probs and each token is weighted by min(p_learner / p_served, tis_cap); "
                                 "None: the ratio is taken against the served log-probs (no correction)")
-    mask_episodes: list[Literal["truncated", "wall_clock", "max_turns"]] = Field(
-        [], description="episodes that ended this way are left out of their group (neither trained nor part "
-                        "of the baseline) instead of counting as failures; truncated = a model call or the "
-                        "episode token budget ran out")
     beta: float = Field(0.0, ge=0, description="KL coefficient; 0 = no reference model")
     gradient_checkpointing: bool = True
     activation_offload: bool = Field(False, description="keep checkpointed layer inputs in host memory (needs gradient_checkpointing)")
@@ -125,20 +128,15 @@ class LearnerConfig(Section):
     fast_kernels: KernelChoice = Field(
         "auto", description="Gated-DeltaNet: flash-linear-attention kernels after a start-up agreement check "
                             "(auto: fall back to PyTorch with a log line; on: fail instead; off: PyTorch)")
-    pack_samples: bool = Field(False, description="concatenate a micro-batch's samples into one row (no padding), "
-                                                  "boundaries kept by position ids and cu_seqlens")
-    share_prefix: bool = Field(False, description="one row per micro-batch holding the samples' common prefix once "
-                               "(a GRPO group's prompt) and each sample's remainder; full-attention models only")
+    layout: Literal["padded", "packed", "shared_prefix"] = Field(
+        "padded", description="how a micro-batch's samples are laid out. padded: one padded row per sample; "
+                              "packed: the samples concatenated into one row (no padding), boundaries kept by "
+                              "position ids and cu_seqlens; shared_prefix: one row holding the samples' common "
+                              "prefix once (a GRPO group's prompt) and each sample's remainder (no padding either); "
+                              "full-attention models only")
     torch_threads: int = Field(1, ge=1)
     cpu_bf16: bool = Field(False, description="on CPUs with AMX/AVX512-BF16, the update's forward/backward under "
                            "bf16 autocast (fp32 weights and optimizer; the parity probe stays fp32)")
-
-    @model_validator(mode="after")
-    def _one_row_layout(self) -> "LearnerConfig":
-        if self.share_prefix and self.pack_samples:
-            raise ValueError("learner.share_prefix and learner.pack_samples both lay out the micro-batch's row; "
-                             "choose one (share_prefix also packs the samples, without padding)")
-        return self
 
     @model_validator(mode="after")
     def _offload_needs_checkpointing(self) -> "LearnerConfig":
@@ -220,6 +218,15 @@ class DynamicSamplingConfig(Section):
     tie_tolerance: float = Field(1e-6, ge=0, description="a group ties when max - min reward <= this")
 
 
+class SamplingConfig(Section):
+    """Which episodes and groups a step trains on (orchestrator/sampling.py)."""
+    mask_episodes: list[Literal["truncated", "wall_clock", "max_turns"]] = Field(
+        [], description="episodes that ended this way are left out of their group (neither trained nor part "
+                        "of the baseline) instead of counting as failures; truncated = a model call or the "
+                        "episode token budget ran out")
+    dynamic: DynamicSamplingConfig = DynamicSamplingConfig()
+
+
 class RescueConfig(Section):
     """Prefix rescue (orchestrator/rescue.py): a group whose every episode fails is run again
     from the first calls of a verified demonstration of its task, shrinking as it passes."""
@@ -241,7 +248,7 @@ class TrainerConfig(Section):
                            "episodes come from the weights of step k-1); the engine and the learner then run at "
                            "once, so each needs its own cores or device, and the engine cannot sleep meanwhile")
     run_dir: str = "runs/default"
-    dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
+    sampling: SamplingConfig = SamplingConfig()
     rescue: RescueConfig = RescueConfig()
     storage: str | None = Field(None, description="also keep checkpoints and run records here: a local path "
                                                   "or a pyarrow.fs URI (s3://, gs://, hdfs://); a run whose "
@@ -294,7 +301,8 @@ class CalibrateConfig(Section):
 
 
 class WarmStartConfig(Section):
-    """Demonstrations (and harvested successes) -> SFT -> a merged model the GRPO run starts from."""
+    """Demonstrations (and harvested successes) -> SFT -> a merged model the GRPO run starts from.
+    The adapter SFT trains has the run's `lora` shape, the one the learner trains."""
     enabled: bool = Field(False, description="run demos + SFT before GRPO when `dir` holds no finished model")
     dir: str = Field("", description="warm-start folder (demos.jsonl, sft/, model); '' = <run_dir>/warm_start")
     demos: bool = Field(True, description="build execution-verified demonstrations for the training split")
@@ -309,9 +317,6 @@ class WarmStartConfig(Section):
     epochs: float = Field(2.0, gt=0)
     batch_size: int = Field(1, ge=1)
     grad_accum: int = Field(4, ge=1)
-    lora_rank: int = Field(16, ge=1)
-    lora_alpha: int = Field(32, ge=1)
-    lora_target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     max_length: int = Field(4096, ge=128, description="tokens per row; longer rows are cut")
     gradient_checkpointing: bool = False
     activation_offload: bool = Field(False, description="TRL activation offloading to host memory (long rows on a "
@@ -340,6 +345,7 @@ class RunConfig(Section):
     model: ModelConfig = ModelConfig()
     rollout: RolloutConfig = RolloutConfig()
     learner: LearnerConfig = LearnerConfig()
+    lora: LoraConfig = LoraConfig()
     sync: SyncConfig = SyncConfig()
     task: TaskConfig = TaskConfig()
     env: EnvConfig = EnvConfig()
@@ -353,9 +359,9 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _known_bad_combinations(self) -> "RunConfig":
-        if self.learner.loss_impl == "chunked" and "lm_head" in self.learner.lora_target_modules:
+        if self.learner.loss_impl == "chunked" and "lm_head" in self.lora.target_modules:
             raise ValueError(
-                "learner.lora_target_modules contains 'lm_head', but learner.loss_impl='chunked' "
+                "lora.target_modules contains 'lm_head', but learner.loss_impl='chunked' "
                 "needs the plain LM-head weight for the fused-linear loss; remove 'lm_head' "
                 "or set learner.loss_impl=naive")
         if self.ray.expandable_segments and self.rollout.sleep_level > 0:
@@ -412,6 +418,54 @@ class ConfigError(ValueError):
     """A config that cannot run; the message names the key and the fix."""
 
 
+# keys that moved -> where they live now; "key=value" where a boolean became one choice of a key
+RENAMED = {
+    "learner.pack_samples": "learner.layout=packed",
+    "learner.share_prefix": "learner.layout=shared_prefix",
+    "learner.mask_episodes": "trainer.sampling.mask_episodes",
+    "trainer.dynamic_sampling": "trainer.sampling.dynamic",
+    "learner.lora_rank": "lora.rank",
+    "learner.lora_alpha": "lora.alpha",
+    "learner.lora_dropout": "lora.dropout",
+    "learner.lora_target_modules": "lora.target_modules",
+    "warm_start.lora_rank": "lora.rank",
+    "warm_start.lora_alpha": "lora.alpha",
+    "warm_start.lora_target_modules": "lora.target_modules",
+}
+
+
+def _lookup(data: dict, dotted: str) -> tuple[bool, Any]:
+    """(present, value) of a dotted key in the raw config mapping."""
+    node: Any = data
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def _renamed_keys(data: dict, source: str) -> str | None:
+    """The message for every old key (RENAMED) the raw config still holds; None if it holds none."""
+    lines = []
+    for old, new in RENAMED.items():
+        present, value = _lookup(data, old)
+        if not present:
+            continue
+        if "=" in new:  # a boolean that became one choice of a key
+            key = new.split("=", 1)[0]
+            if value is True:
+                lines.append(f"  {old}=true is now {new}")
+            else:
+                shown = str(value).lower() if isinstance(value, bool) else repr(value)
+                lines.append(f"  {old}={shown} was renamed: use {key} (left out, it takes its default)")
+        else:
+            lines.append(f"  {old} was renamed: use {new}")
+    if not lines:
+        return None
+    return "\n".join([f"config ({source}) uses keys that were renamed (a run saved before the change: edit its "
+                      f"config.yaml):", *lines])
+
+
 def _parse_scalar(text: str) -> Any:
     return yaml.safe_load(text) if text != "" else ""
 
@@ -459,6 +513,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"config {path} must be a mapping of sections, got {type(loaded).__name__}")
         data = loaded or {}
     data = apply_overrides(data, overrides or [])
+    renamed = _renamed_keys(data, source)
+    if renamed:
+        raise ConfigError(renamed)
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:

@@ -94,8 +94,8 @@ def test_calibration_band_and_a_grpo_step_end_to_end(tmp_path, model_path):
 
     cfg = load_config(DEFAULT_CFG, [*ENV, f"trainer.run_dir={run_dir}", f"task.band_file={run_dir / BAND_FILE}",
                                     "trainer.steps=1", "trainer.batch_size=1", "trainer.group_size=2",
-                                    "trainer.dynamic_sampling.enabled=true",
-                                    "trainer.dynamic_sampling.max_extra_groups=1"])
+                                    "trainer.sampling.dynamic.enabled=true",
+                                    "trainer.sampling.dynamic.max_extra_groups=1"])
     try:
         Trainer(cfg, run_dir).run()
     finally:

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from actors.learner import Learner
 from bench.qwen35_checkpoint import build
 from modeling.checkpoint_layout import CheckpointLayout
-from rl.config import LearnerConfig, ModelConfig
+from rl.config import LearnerConfig, LoraConfig, ModelConfig
 from rl.types import TrainSample
 
 
@@ -34,8 +34,8 @@ def _samples(vocab: int, n: int = 3) -> list[TrainSample]:
 
 
 def _learner(path: str) -> Learner:
-    cfg = LearnerConfig(lora_rank=4, lora_alpha=8, lr=5e-2, logit_chunk_tokens=16, fast_kernels="off")
-    return Learner(path, cfg, ModelConfig(dtype="float32"), seed=0)
+    cfg = LearnerConfig(lr=5e-2, logit_chunk_tokens=16, fast_kernels="off")
+    return Learner(path, cfg, ModelConfig(dtype="float32"), seed=0, lora=LoraConfig(rank=4, alpha=8))
 
 
 def test_layout_reads_the_shipped_config(checkpoint):

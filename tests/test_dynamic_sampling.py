@@ -49,8 +49,8 @@ class ScriptedLengths:
 
 def _cfg(tmp_path, *overrides):
     return load_config(LENGTH_CFG, [f"trainer.run_dir={tmp_path}", "trainer.batch_size=3", "trainer.group_size=3",
-                                    "trainer.dynamic_sampling.enabled=true",
-                                    "trainer.dynamic_sampling.max_extra_groups=4", *overrides])
+                                    "trainer.sampling.dynamic.enabled=true",
+                                    "trainer.sampling.dynamic.max_extra_groups=4", *overrides])
 
 
 TIE, VARY = [4, 4, 4], [2, 5, 9]
@@ -85,7 +85,7 @@ def test_budget_spent_on_ties_keeps_nothing(tmp_path):
     assert got.kept == [] and m["sampling/groups_sampled"] == 3 + 4 and m["frac_reward_zero_std"] == 1.0
     # off: today's behaviour, every drawn group trains (the learner then drops zero advantages)
     off = collect_step(3, ScriptedLengths(lengths, 3), EpisodeStore(tmp_path),
-                       _cfg(tmp_path, "trainer.dynamic_sampling.enabled=false"))
+                       _cfg(tmp_path, "trainer.sampling.dynamic.enabled=false"))
     assert len(off.kept) == 3 and off.metrics()["sampling/extra_groups"] == 0
 
 
@@ -100,7 +100,7 @@ def test_extra_groups_prefer_tasks_not_in_the_step_and_are_reproducible():
 def test_masked_episodes_leave_the_group_and_binary_reward_ties(tmp_path):
     lengths = {"v0": VARY, "v1": VARY, "v2": VARY}
     src = ScriptedLengths(lengths, 1, stops={"v0": "max_turns"})
-    cfg = _cfg(tmp_path, "trainer.batch_size=1", "learner.mask_episodes=[max_turns]")
+    cfg = _cfg(tmp_path, "trainer.batch_size=1", "trainer.sampling.mask_episodes=[max_turns]")
     got = collect_step(1, src, EpisodeStore(tmp_path), cfg)
     assert got.train["s1-g0-v0"] == [] and got.metrics()["sampling/episodes_masked"] == 3
     assert len(got.kept) == 1 and got.kept[0] != "s1-g0-v0"
@@ -119,8 +119,8 @@ def test_real_step_of_only_tying_groups_applies_no_update(tmp_path, model_path):
     from orchestrator.loop import Trainer
 
     cfg = load_config(LENGTH_CFG, [f"trainer.run_dir={tmp_path}", "trainer.batch_size=2", "trainer.group_size=4",
-                                   "trainer.dynamic_sampling.enabled=true",
-                                   "trainer.dynamic_sampling.max_extra_groups=2", "rollout.max_tokens=64",
+                                   "trainer.sampling.dynamic.enabled=true",
+                                   "trainer.sampling.dynamic.max_extra_groups=2", "rollout.max_tokens=64",
                                    "trainer.rescue.enabled=false"])
     trainer = Trainer(cfg, tmp_path)
     try:
@@ -140,7 +140,7 @@ def test_real_step_of_only_tying_groups_applies_no_update(tmp_path, model_path):
         assert all(torch.equal(before[k], after[k]) for k in before), "a step of tying groups changed the weights"
 
         cfg.rollout.max_tokens = 64
-        cfg.trainer.dynamic_sampling.max_extra_groups = 4
+        cfg.trainer.sampling.dynamic.max_extra_groups = 4
         m2 = trainer.step(2)
         print({k: v for k, v in m2.items() if k.startswith(("sampling/", "frac_", "band/"))})
         varied = round(m2["sampling/groups_sampled"] * (1 - m2["frac_reward_zero_std"]))

@@ -57,7 +57,7 @@ def test_off_means_pytorch_even_when_transformers_picked_another_kernel(monkeypa
     from actors.learner import Learner
     from modeling.fast_kernels import _reference
     from modeling.sft import select_kernels
-    from rl.config import LearnerConfig, ModelConfig, WarmStartConfig
+    from rl.config import LearnerConfig, LoraConfig, ModelConfig, WarmStartConfig
     from rl.types import TrainSample
 
     def picked(*args, **kwargs):
@@ -70,8 +70,8 @@ def test_off_means_pytorch_even_when_transformers_picked_another_kernel(monkeypa
             "learner.fast_kernels=off"
         model(torch.tensor([[1, 2, 3, 4, 5]])).logits.sum().backward()
         return
-    learner = Learner("unused", LearnerConfig(fast_kernels="off", lora_rank=4, lora_alpha=8), ModelConfig(),
-                      seed=0, base_model=model)
+    learner = Learner("unused", LearnerConfig(fast_kernels="off"), ModelConfig(), seed=0,
+                      lora=LoraConfig(rank=4, alpha=8), base_model=model)
     out = learner.train_step([TrainSample([1, 2, 3, 4, 5, 6], [0, 0, 1, 1, 1, 1], [-3.0] * 6, advantage=1.0,
                                           group_id="g")])
     assert out["tokens"] == 4

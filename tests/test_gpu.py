@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.parity import parity_gap
-from rl.config import LearnerConfig, ModelConfig, RolloutConfig, load_config
+from rl.config import LearnerConfig, LoraConfig, ModelConfig, RolloutConfig, load_config
 from rl.types import TrainSample
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]  # a cold compile of the first engine takes minutes
@@ -63,8 +63,8 @@ def _worker(ckpt, sleep_level, lora):
 def _learner(ckpt):
     from actors.learner import Learner
     # PyTorch GDN path: fla autotunes every kernel for minutes on first use (its own test covers it)
-    return Learner(ckpt, LearnerConfig(num_gpus=1, lr=2e-2, lora_rank=8, lora_alpha=16, fast_kernels="off"), MODEL,
-                   seed=0)
+    return Learner(ckpt, LearnerConfig(num_gpus=1, lr=2e-2, fast_kernels="off"), MODEL, seed=0,
+                   lora=LoraConfig(rank=8, alpha=16))
 
 
 def _train(learner, steps=3):

@@ -8,7 +8,7 @@ import torch
 from actors.learner import Learner
 from modeling.packing import micro_batches
 from modeling.precision import cpu_has_bf16
-from rl.config import LearnerConfig, ModelConfig
+from rl.config import LearnerConfig, LoraConfig, ModelConfig
 from rl.types import TrainSample
 from tests.model_fixtures import VOCAB, qwen35
 
@@ -26,8 +26,12 @@ def tiny_model_path(tmp_path_factory):
     return str(path)
 
 
+LORA = LoraConfig(rank=4, alpha=8)
+ALL_LINEAR = LoraConfig(rank=4, alpha=8, target_modules=["all-linear"])
+
+
 def make_cfg(**kw) -> LearnerConfig:
-    base = dict(lora_rank=4, lora_alpha=8, lr=5e-2, logit_chunk_tokens=16, micro_batch_tokens=4096)
+    base = dict(lr=5e-2, logit_chunk_tokens=16, micro_batch_tokens=4096)
     base.update(kw)
     return LearnerConfig(**base)
 
@@ -90,7 +94,7 @@ def test_micro_batches_respect_budget_and_keep_everything():
 def test_sequence_logprobs_match_hf_logits(tiny_model_path):
     from transformers import AutoModelForCausalLM
 
-    learner = Learner(tiny_model_path, make_cfg(), ModelConfig(), seed=0)
+    learner = Learner(tiny_model_path, make_cfg(), ModelConfig(), seed=0, lora=LORA)
     ids = make_samples(1)[0].token_ids
     got = learner.sequence_logprobs(ids)
     ref_model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
@@ -103,8 +107,8 @@ def test_sequence_logprobs_match_hf_logits(tiny_model_path):
 
 def test_chunked_and_naive_steps_agree(tiny_model_path):
     samples = make_samples()
-    a = Learner(tiny_model_path, make_cfg(loss_impl="chunked"), ModelConfig(), seed=0)
-    b = Learner(tiny_model_path, make_cfg(loss_impl="naive"), ModelConfig(), seed=0)
+    a = Learner(tiny_model_path, make_cfg(loss_impl="chunked"), ModelConfig(), seed=0, lora=LORA)
+    b = Learner(tiny_model_path, make_cfg(loss_impl="naive"), ModelConfig(), seed=0, lora=LORA)
     ma, mb = a.train_step(samples), b.train_step(samples)
     for k in ("loss", "grad_norm", "clip_frac", "ratio_mean", "tokens"):
         assert ma[k] == pytest.approx(mb[k], rel=1e-4, abs=1e-6), k
@@ -116,8 +120,8 @@ def test_chunked_and_naive_steps_agree(tiny_model_path):
 def test_micro_batching_does_not_change_the_step(tiny_model_path):
     """Token-level aggregation over the whole batch: splitting into micro-batches is invisible."""
     samples = make_samples(5)
-    whole = Learner(tiny_model_path, make_cfg(micro_batch_tokens=4096), ModelConfig(), seed=0)
-    split = Learner(tiny_model_path, make_cfg(micro_batch_tokens=32), ModelConfig(), seed=0)
+    whole = Learner(tiny_model_path, make_cfg(micro_batch_tokens=4096), ModelConfig(), seed=0, lora=LORA)
+    split = Learner(tiny_model_path, make_cfg(micro_batch_tokens=32), ModelConfig(), seed=0, lora=LORA)
     mw, ms = whole.train_step(samples), split.train_step(samples)
     assert mw["loss"] == pytest.approx(ms["loss"], rel=1e-4)
     assert mw["grad_norm"] == pytest.approx(ms["grad_norm"], rel=1e-4)
@@ -128,13 +132,14 @@ def test_loss_options_in_the_learner(tiny_model_path):
     """seq_mean weighs sequences alike (and still ignores micro-batching); tis_cap weighs tokens by
     the learner/served probability ratio, capped, and reports it."""
     samples = make_samples(5)
-    token = Learner(tiny_model_path, make_cfg(), ModelConfig(), seed=0).train_step(samples)
-    seq = Learner(tiny_model_path, make_cfg(loss_agg="seq_mean"), ModelConfig(), seed=0)
-    seq_split = Learner(tiny_model_path, make_cfg(loss_agg="seq_mean", micro_batch_tokens=32), ModelConfig(), seed=0)
+    token = Learner(tiny_model_path, make_cfg(), ModelConfig(), seed=0, lora=LORA).train_step(samples)
+    seq = Learner(tiny_model_path, make_cfg(loss_agg="seq_mean"), ModelConfig(), seed=0, lora=LORA)
+    seq_split = Learner(tiny_model_path, make_cfg(loss_agg="seq_mean", micro_batch_tokens=32), ModelConfig(), seed=0,
+                        lora=LORA)
     ms, mss = seq.train_step(samples), seq_split.train_step(samples)
     assert ms["loss"] == pytest.approx(mss["loss"], rel=1e-4) and ms["loss"] != pytest.approx(token["loss"], rel=1e-3)
     assert_same_gradients(seq, seq_split, ms["tokens"])
-    tis = Learner(tiny_model_path, make_cfg(tis_cap=2.0), ModelConfig(), seed=0).train_step(samples)
+    tis = Learner(tiny_model_path, make_cfg(tis_cap=2.0), ModelConfig(), seed=0, lora=LORA).train_step(samples)
     # the samples' served log-probs (-3..-6) are far below a random model's (~-4.85 = ln 1/128 on average)
     assert 0 < tis["tis_weight_mean"] <= 2.0 and 0 < tis["tis_capped_frac"] < 1
     assert tis["ratio_mean"] == pytest.approx(1.0) and tis["clip_frac"] == 0.0
@@ -143,8 +148,9 @@ def test_loss_options_in_the_learner(tiny_model_path):
 
 def test_memory_options_do_not_change_the_step(tiny_model_path):
     samples = make_samples(3)
-    plain = Learner(tiny_model_path, make_cfg(), ModelConfig(), seed=0)
-    saver = Learner(tiny_model_path, make_cfg(activation_offload=True, mlp_tile_tokens=5), ModelConfig(), seed=0)
+    plain = Learner(tiny_model_path, make_cfg(), ModelConfig(), seed=0, lora=LORA)
+    saver = Learner(tiny_model_path, make_cfg(activation_offload=True, mlp_tile_tokens=5), ModelConfig(), seed=0,
+                    lora=LORA)
     mp, msv = plain.train_step(samples), saver.train_step(samples)
     assert mp["grad_norm"] == pytest.approx(msv["grad_norm"], rel=1e-4)
     assert_same_gradients(plain, saver, mp["tokens"])
@@ -155,8 +161,8 @@ def test_cpu_bf16_autocast_takes_the_same_step_and_keeps_the_probe_fp32(tiny_mod
     """learner.cpu_bf16: the update's matmuls run in bf16, so its loss and gradient differ from fp32
     only by bf16 rounding; the weights stay fp32 and the parity probe's log-probs are fp32 ones."""
     samples = make_samples(4)
-    fp32 = Learner(tiny_model_path, make_cfg(), ModelConfig(), seed=0)
-    bf16 = Learner(tiny_model_path, make_cfg(cpu_bf16=True), ModelConfig(), seed=0)
+    fp32 = Learner(tiny_model_path, make_cfg(), ModelConfig(), seed=0, lora=LORA)
+    bf16 = Learner(tiny_model_path, make_cfg(cpu_bf16=True), ModelConfig(), seed=0, lora=LORA)
     probe = samples[0].token_ids
     assert bf16.sequence_logprobs(probe) == fp32.sequence_logprobs(probe)
     m32, m16 = fp32.train_step(samples), bf16.train_step(samples)
@@ -170,7 +176,7 @@ def test_cpu_bf16_autocast_takes_the_same_step_and_keeps_the_probe_fp32(tiny_mod
 
 
 def test_training_moves_logprobs_in_the_advantage_direction(tiny_model_path):
-    learner = Learner(tiny_model_path, make_cfg(lr=2e-2), ModelConfig(), seed=0)
+    learner = Learner(tiny_model_path, make_cfg(lr=2e-2), ModelConfig(), seed=0, lora=LORA)
     good, bad = make_samples(2, seed=3)
     good.advantage, bad.advantage = 1.0, -1.0
     for s in (good, bad):  # on-policy rollout log-probs
@@ -194,8 +200,9 @@ def test_logprobs_left_to_the_learner_equal_recording_its_own(tiny_model_path, p
     """A guided call's tokens carry LEARNER_LOGPROB: the step must equal one whose rollout
     log-probs were the learner's own (what a second scoring pass on the same weights gives)."""
     from rl.types import LEARNER_LOGPROB
-    left = Learner(tiny_model_path, make_cfg(pack_samples=pack), ModelConfig(), seed=0)
-    recorded = Learner(tiny_model_path, make_cfg(pack_samples=pack), ModelConfig(), seed=0)
+    layout = "packed" if pack else "padded"
+    left = Learner(tiny_model_path, make_cfg(layout=layout), ModelConfig(), seed=0, lora=LORA)
+    recorded = Learner(tiny_model_path, make_cfg(layout=layout), ModelConfig(), seed=0, lora=LORA)
     a, b = make_samples(3, seed=5), make_samples(3, seed=5)
     for s in a:
         s.logprobs = [LEARNER_LOGPROB if m else 0.0 for m in s.loss_mask]
@@ -209,7 +216,7 @@ def test_logprobs_left_to_the_learner_equal_recording_its_own(tiny_model_path, p
 
 
 def test_kl_is_zero_before_any_update_and_positive_after(tiny_model_path):
-    learner = Learner(tiny_model_path, make_cfg(beta=0.1), ModelConfig(), seed=0)
+    learner = Learner(tiny_model_path, make_cfg(beta=0.1), ModelConfig(), seed=0, lora=LORA)
     samples = make_samples(2)
     m1 = learner.train_step(samples)
     assert m1["kl"] == pytest.approx(0.0, abs=1e-7)  # LoRA B starts at zero: policy == reference
@@ -218,7 +225,7 @@ def test_kl_is_zero_before_any_update_and_positive_after(tiny_model_path):
 
 
 def test_bad_input_raises_and_changes_nothing(tiny_model_path):
-    learner = Learner(tiny_model_path, make_cfg(), ModelConfig(), seed=0)
+    learner = Learner(tiny_model_path, make_cfg(), ModelConfig(), seed=0, lora=LORA)
     before = lora(learner)
     bad = make_samples(1)[0]
     bad.token_ids[3] = VOCAB + 5
@@ -233,11 +240,12 @@ def test_bad_input_raises_and_changes_nothing(tiny_model_path):
 
 def test_save_and_load_state_resumes_exactly(tiny_model_path, tmp_path):
     s1, s2 = make_samples(3, seed=1), make_samples(3, seed=2)
-    a = Learner(tiny_model_path, make_cfg(), ModelConfig(), seed=0)
+    a = Learner(tiny_model_path, make_cfg(), ModelConfig(), seed=0, lora=LORA)
     a.train_step(s1)
     a.save_state(str(tmp_path / "ckpt"))
     a.train_step(s2)
-    b = Learner(tiny_model_path, make_cfg(), ModelConfig(), seed=123)  # different init, overwritten by the load
+    # different init, overwritten by the load
+    b = Learner(tiny_model_path, make_cfg(), ModelConfig(), seed=123, lora=LORA)
     b.load_state(str(tmp_path / "ckpt"))
     assert b.steps_done == 1
     b.train_step(s2)
@@ -254,7 +262,7 @@ def test_saved_adapter_and_merged_model_reproduce_the_policy(tmp_path):
     from modeling.default_model import resolve_model_path
 
     path = resolve_model_path("default")
-    learner = Learner(path, make_cfg(lr=1e-2, logit_chunk_tokens=64), ModelConfig(), seed=0)
+    learner = Learner(path, make_cfg(lr=1e-2, logit_chunk_tokens=64), ModelConfig(), seed=0, lora=LORA)
     tok = AutoTokenizer.from_pretrained(path)
     ids = tok("def add(a, b):\n    return a + b\n")["input_ids"]
     on_policy = learner.sequence_logprobs(ids)
@@ -304,10 +312,9 @@ def test_linear_attention_segments_and_mlp_tiles_match_plain_step_on_qwen35(monk
     rng = random.Random(0)
     ids = [rng.randrange(VOCAB) for _ in range(300)]
     sample = TrainSample(ids, [0] * 10 + [1] * 290, [0.0] * 10 + [-5.0] * 290, advantage=1.0)
-    plain = Learner("", make_cfg(lora_target_modules=["all-linear"]), ModelConfig(), seed=0, base_model=qwen35())
-    saver = Learner("", make_cfg(lora_target_modules=["all-linear"], linear_attn_segment_tokens=64,
-                                 mlp_tile_tokens=50, activation_offload=True),
-                    ModelConfig(), seed=0, base_model=qwen35())
+    plain = Learner("", make_cfg(), ModelConfig(), seed=0, lora=ALL_LINEAR, base_model=qwen35())
+    saver = Learner("", make_cfg(linear_attn_segment_tokens=64, mlp_tile_tokens=50, activation_offload=True),
+                    ModelConfig(), seed=0, lora=ALL_LINEAR, base_model=qwen35())
     mp = plain.train_step([sample])
     assert calls == {"segment": 0, "tile": 0}
     ms = saver.train_step([sample])
@@ -316,4 +323,4 @@ def test_linear_attention_segments_and_mlp_tiles_match_plain_step_on_qwen35(monk
     assert mp["grad_norm"] == pytest.approx(ms["grad_norm"], rel=1e-5) and mp["grad_norm"] > 0
     assert_same_gradients(plain, saver, mp["tokens"])
     with pytest.raises(ValueError, match="multiple of 64"):
-        Learner("", make_cfg(linear_attn_segment_tokens=100), ModelConfig(), seed=0, base_model=qwen35())
+        Learner("", make_cfg(linear_attn_segment_tokens=100), ModelConfig(), seed=0, lora=LORA, base_model=qwen35())

@@ -41,8 +41,8 @@ def samples(n: int, seed: int) -> list[TrainSample]:
 
 def run_cfg(n: int) -> RunConfig:
     return RunConfig.model_validate({"learner": {
-        "num_learners": n, "num_cpus": 1, "lora_rank": 4, "lora_alpha": 8, "lr": 2e-2,
-        "logit_chunk_tokens": 16, "micro_batch_tokens": 64}})
+        "num_learners": n, "num_cpus": 1, "lr": 2e-2, "logit_chunk_tokens": 16, "micro_batch_tokens": 64},
+        "lora": {"rank": 4, "alpha": 8}})
 
 
 def test_split_by_tokens_balances_and_keeps_every_sample():
@@ -63,7 +63,7 @@ def test_group_replicas_agree_and_match_single_learner(ray_cluster, tiny_model_p
     cfg = run_cfg(2)
     batches = [samples(6, seed=1), samples(5, seed=2)]
     group = spawn_learners(cfg, tiny_model_path)
-    single = Learner(tiny_model_path, run_cfg(1).learner, cfg.model, seed=cfg.trainer.seed)
+    single = Learner(tiny_model_path, run_cfg(1).learner, cfg.model, seed=cfg.trainer.seed, lora=cfg.lora)
     try:
         init = ray.get(group.replica_refs("lora_state"))
         for k in init[0]:

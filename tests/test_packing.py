@@ -6,7 +6,7 @@ import torch
 
 from actors.learner import Learner
 from modeling.packing import pack, packed_micro_batches, packed_rows
-from rl.config import LearnerConfig, ModelConfig
+from rl.config import LearnerConfig, LoraConfig, ModelConfig
 from rl.types import TrainSample
 from tests.model_fixtures import VOCAB, qwen35
 
@@ -23,9 +23,9 @@ def samples(lengths=(70, 131, 45), seed=0) -> list[TrainSample]:
 
 
 def learner(**kw) -> Learner:
-    cfg = LearnerConfig(lora_rank=4, lora_alpha=8, lr=5e-2, logit_chunk_tokens=16, micro_batch_tokens=4096,
-                        lora_target_modules=["all-linear"], **kw)
-    return Learner("", cfg, ModelConfig(), seed=0, base_model=qwen35())
+    cfg = LearnerConfig(lr=5e-2, logit_chunk_tokens=16, micro_batch_tokens=4096, **kw)
+    return Learner("", cfg, ModelConfig(), seed=0, lora=LoraConfig(rank=4, alpha=8, target_modules=["all-linear"]),
+                   base_model=qwen35())
 
 
 def test_packed_micro_batches_respect_budget_and_keep_order():
@@ -47,7 +47,7 @@ def test_pack_blocks_targets_across_boundaries():
 
 @torch.no_grad()
 def test_packed_logprobs_match_unpacked_rows():
-    ln = learner(pack_samples=True)
+    ln = learner(layout="packed")
     ln.model.eval()
     batch = samples()
     want = [torch.tensor(ln.sequence_logprobs(s.token_ids)[1:]) for s in batch]
@@ -71,7 +71,7 @@ def test_packed_logprobs_match_unpacked_rows():
 
 def test_packed_step_matches_padded_step():
     batch = samples()
-    plain, packed = learner(), learner(pack_samples=True)
+    plain, packed = learner(), learner(layout="packed")
     mp, mk = plain.train_step(batch), packed.train_step(batch)
     assert mk["loss"] == pytest.approx(mp["loss"], rel=1e-5)
     assert mk["tokens"] == mp["tokens"]

@@ -259,10 +259,10 @@ def test_engine_side_merge_serves_what_the_learner_merges(worker, model_path, pr
     import torch
 
     from actors.learner import Learner
-    from rl.config import LearnerConfig
+    from rl.config import LearnerConfig, LoraConfig
 
-    learner = Learner(model_path, LearnerConfig(lora_rank=8, lora_alpha=16, gradient_checkpointing=False),
-                      ModelConfig(), seed=0)
+    learner = Learner(model_path, LearnerConfig(gradient_checkpointing=False), ModelConfig(), seed=0,
+                      lora=LoraConfig(rank=8, alpha=16))
     torch.manual_seed(0)
     for name, p in learner.model.named_parameters():
         if "lora_B" in name:

@@ -5,13 +5,14 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from actors.learner import Learner
 from modeling.shared_prefix import common_prefix_length, prefix_micro_batches, prefix_row, shared_prefix_rows
-from rl.config import LearnerConfig, ModelConfig
+from rl.config import LearnerConfig, LoraConfig, ModelConfig
 from rl.types import TrainSample
 from tests.model_fixtures import VOCAB, qwen35
-from tests.test_learner import assert_same_gradients, make_cfg, tiny_model_path  # noqa: F401 (fixture)
+from tests.test_learner import LORA, assert_same_gradients, make_cfg, tiny_model_path  # noqa: F401 (fixture)
 
 
 def groups(seed=0) -> list[TrainSample]:
@@ -57,8 +58,9 @@ def test_micro_batches_equal_recounting_each_trial(seqs, budget):
 @pytest.mark.parametrize("budget", [4096, 60])
 def test_shared_prefix_step_matches_padded_step(tiny_model_path, budget):  # noqa: F811
     batch = groups()
-    plain = Learner(tiny_model_path, make_cfg(micro_batch_tokens=budget), ModelConfig(), seed=0)
-    shared = Learner(tiny_model_path, make_cfg(micro_batch_tokens=budget, share_prefix=True), ModelConfig(), seed=0)
+    plain = Learner(tiny_model_path, make_cfg(micro_batch_tokens=budget), ModelConfig(), seed=0, lora=LORA)
+    shared = Learner(tiny_model_path, make_cfg(micro_batch_tokens=budget, layout="shared_prefix"), ModelConfig(),
+                     seed=0, lora=LORA)
     mp, ms = plain.train_step(batch), shared.train_step(batch)
     assert ms["tokens"] == mp["tokens"]
     assert ms["loss"] == pytest.approx(mp["loss"], rel=1e-5)
@@ -68,7 +70,7 @@ def test_shared_prefix_step_matches_padded_step(tiny_model_path, budget):  # noq
 
 @torch.no_grad()
 def test_remainders_do_not_see_their_siblings(tiny_model_path):  # noqa: F811
-    ln = Learner(tiny_model_path, make_cfg(share_prefix=True), ModelConfig(), seed=0)
+    ln = Learner(tiny_model_path, make_cfg(layout="shared_prefix"), ModelConfig(), seed=0, lora=LORA)
     ln.model.eval()
     batch = groups()[:5]
     row = prefix_row(batch)
@@ -86,7 +88,7 @@ def test_remainders_do_not_see_their_siblings(tiny_model_path):  # noqa: F811
 
 def test_models_with_other_layers_and_both_layouts_are_refused():
     with pytest.raises(ValueError, match="full attention in every layer"):
-        Learner("", LearnerConfig(share_prefix=True, lora_target_modules=["all-linear"]), ModelConfig(), seed=0,
-                base_model=qwen35())
-    with pytest.raises(ValueError, match="choose one"):
-        LearnerConfig(share_prefix=True, pack_samples=True)
+        Learner("", LearnerConfig(layout="shared_prefix"), ModelConfig(), seed=0,
+                lora=LoraConfig(target_modules=["all-linear"]), base_model=qwen35())
+    with pytest.raises(ValidationError, match="layout"):  # one key, one value: a row has one layout
+        LearnerConfig(layout=["shared_prefix", "packed"])

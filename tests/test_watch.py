@@ -102,7 +102,7 @@ def test_a_resumed_steps_bar_counts_its_reused_episodes(tmp_path, tokenizer):
     from orchestrator.rollouts.base import step_group_specs
 
     cfg = load_config(REPO / "configs" / "length.yaml", ["trainer.batch_size=2", "trainer.group_size=3",
-                                                         "trainer.dynamic_sampling.enabled=false"])
+                                                         "trainer.sampling.dynamic.enabled=false"])
 
     def group(spec) -> list[Episode]:
         made = [_episode(tokenizer, r, "a b") for r in (0.0, 0.5, 1.0)]
