@@ -122,6 +122,28 @@ SIDES = {"ours": lambda steps: run_ours(steps), "ours-ahead": lambda steps: run_
          "ours-bf16-prefix": lambda steps: run_ours(steps, (*BF16, PREFIX))}
 
 
+def _clock(times: dict[str, list], synchronize=None):
+    """A TRL callback that keeps each step's begin/end wall time (after `synchronize`, on GPU)
+    and its logged reward and completion length in `times`."""
+    from transformers import TrainerCallback
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            times["begin"].append(time.time())
+
+        def on_step_end(self, args, state, control, **kw):
+            if synchronize is not None:
+                synchronize()
+            times["end"].append(time.time())
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "reward" in logs:
+                times["reward"].append(logs["reward"])
+                times["length"].append(logs.get("completions/mean_length"))
+
+    return Clock()
+
+
 def trl_child(out: str, steps: int, threads: int, bf16: bool) -> None:
     """TRL's GRPOTrainer on the same job; writes step begin/end wall times (and the time each
     step spent generating) to `out`."""
@@ -129,7 +151,6 @@ def trl_child(out: str, steps: int, threads: int, bf16: bool) -> None:
     torch.set_num_threads(threads)
     from datasets import Dataset
     from peft import LoraConfig
-    from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from modeling.default_model import resolve_model_path
@@ -137,18 +158,6 @@ def trl_child(out: str, steps: int, threads: int, bf16: bool) -> None:
     from rl.length_reward import LENGTH_PROMPTS
 
     times: dict[str, list] = {"begin": [], "end": [], "reward": [], "length": [], "generate": []}
-
-    class Clock(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            times["begin"].append(time.time())
-
-        def on_step_end(self, args, state, control, **kw):
-            times["end"].append(time.time())
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            if logs and "reward" in logs:
-                times["reward"].append(logs["reward"])
-                times["length"].append(logs.get("completions/mean_length"))
 
     def shorter(completion_ids, **kw):  # rl.length_reward's rule on token ids
         return [0.0 if len(ids) >= MAX_TOKENS else 1.0 - len(ids) / MAX_TOKENS for ids in completion_ids]
@@ -161,7 +170,7 @@ def trl_child(out: str, steps: int, threads: int, bf16: bool) -> None:
     lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=RunConfig().lora.target_modules,
                       task_type="CAUSAL_LM")
     trainer = GRPOTrainer(model=resolve_model_path("default"), reward_funcs=shorter, args=args,
-                          train_dataset=data, peft_config=lora, callbacks=[Clock()])
+                          train_dataset=data, peft_config=lora, callbacks=[_clock(times)])
     generate = trainer._generate_and_score_completions  # its rollout phase, timed from outside
 
     def timed_generate(*a, **kw):
@@ -291,7 +300,6 @@ def trl_gpu_child(out: str, model: str, steps: int, card_gib: float, eager: bool
     import trl.generation.vllm_generation as vllm_generation
     from datasets import Dataset
     from peft import LoraConfig
-    from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from rl.config import RunConfig
@@ -301,19 +309,6 @@ def trl_gpu_child(out: str, model: str, steps: int, card_gib: float, eager: bool
     vllm_generation.LLM = functools.partial(vllm_generation.LLM, enforce_eager=eager,
                                             kv_cache_memory_bytes=int(KV_GIB * 2**30))
     times: dict[str, list] = {"begin": [], "end": [], "reward": [], "length": [], "generate": []}
-
-    class Clock(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            times["begin"].append(time.time())
-
-        def on_step_end(self, args, state, control, **kw):
-            torch.cuda.synchronize()
-            times["end"].append(time.time())
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            if logs and "reward" in logs:
-                times["reward"].append(logs["reward"])
-                times["length"].append(logs.get("completions/mean_length"))
 
     def shorter(completion_ids, **kw):  # rl.length_reward's rule on token ids
         return [0.0 if len(ids) >= GPU_MAX_TOKENS else 1.0 - len(ids) / GPU_MAX_TOKENS for ids in completion_ids]
@@ -329,7 +324,7 @@ def trl_gpu_child(out: str, model: str, steps: int, card_gib: float, eager: bool
     lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=RunConfig().lora.target_modules,
                       task_type="CAUSAL_LM")
     trainer = GRPOTrainer(model=model, reward_funcs=shorter, args=args, train_dataset=data, peft_config=lora,
-                          callbacks=[Clock()])
+                          callbacks=[_clock(times, torch.cuda.synchronize)])
     generate = trainer._generate_and_score_completions  # its rollout phase, timed from outside
 
     def timed_generate(*a, **kw):

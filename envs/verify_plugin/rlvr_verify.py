@@ -620,6 +620,16 @@ class _Reporter:
         # reports can only downgrade an outcome (e.g. a failed subtest), never upgrade one
         if self.line is not None and report.failed:
             self.line("report", "failed")
+            self._show(report)
+
+    def _show(self, report) -> None:
+        """A runner ends before pytest's failure summary would print, so a failure's text is
+        printed as it happens: the test output shows what failed (`E  assert 50 == 10`, which
+        the miner needs of a mutant). Text only: the outcome is the runner's lines."""
+        terminal = self.pm.get_plugin("terminalreporter")
+        if terminal is not None:
+            terminal.write_line(f"_____ {report.nodeid} ({report.when}) _____")
+            terminal.write_line(report.longreprtext)
 
     def pytest_collectreport(self, report) -> None:
         if report.failed:
