@@ -413,7 +413,7 @@ class Learner:
 
     def lora_factors(self) -> dict[str, tuple[torch.Tensor, torch.Tensor, float]]:
         """Each adapted weight's LoRA factors as (A, B, scale) CPU tensors, under the checkpoint's
-        key names: the engine folds W + scale*B@A in itself (sync.merge_on=engine), so a sync
+        key names: the engine folds W + scale*B@A in itself (sync.strategy=merged_on_engine), so a sync
         ships megabytes of factors instead of the whole model."""
         from peft.tuners.lora import LoraLayer
 
@@ -423,7 +423,7 @@ class Learner:
             if not (isinstance(m, LoraLayer) and ADAPTER_NAME in m.lora_A):
                 continue
             if m.fan_in_fan_out:
-                raise ValueError(f"{name}: fan_in_fan_out LoRA layers are not supported by sync.merge_on=engine")
+                raise ValueError(f"{name}: fan_in_fan_out LoRA layers are not supported by sync.strategy=merged_on_engine")
             key = f"{name.replace('.base_layer', '')}.weight"
             key = self.layout.to_checkpoint_key(key) if self.layout is not None else key
             factors[key] = (m.lora_A[ADAPTER_NAME].weight.detach().to("cpu", copy=True),
@@ -477,7 +477,7 @@ class Learner:
             self.save_adapter(d)
             return read_folder(d)
 
-    # ---- sync.transport=cuda_ipc: the driver side is actors.sync_cuda_ipc.CudaIpcSync ----------
+    # ---- sync.strategy=cuda_ipc: the driver side is actors.sync_cuda_ipc.CudaIpcSync ----------
 
     def gpu_uuid(self) -> str:
         return device_uuid(self.device)

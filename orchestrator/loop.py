@@ -58,7 +58,7 @@ class Trainer:
         self.run_dir = Path(run_dir or cfg.trainer.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.weight_sync = weight_sync or make_weight_sync(cfg.sync.strategy, self.run_dir, cfg.sync.transport,
-                                                           cfg.sync.merge_on, cfg.sync.bucket_mib)
+                                                           cfg.sync.bucket_mib)
         self.storage = RunStorage(cfg.trainer.storage, self.run_dir) if cfg.trainer.storage else None
         if self.storage and latest_checkpoint(self.run_dir) is None and self.storage.has_checkpoint():
             print(f"[rlvr] run directory has no checkpoint; pulling the run from {self.storage.uri}", flush=True)

@@ -1,4 +1,4 @@
-"""Learner -> rollout-worker weight sync. One class per strategy, two transports.
+"""Learner -> rollout-worker weight sync: one class per `sync.strategy`, two transports.
 
 - object_store (default): the learner puts the adapter folder (as bytes) or the merged
   tensors into Ray's object store once; every rollout worker pulls them to its own node and
@@ -6,6 +6,7 @@
   see another's filesystem.
 - shared_dir: the learner writes the adapter or merged model under the run directory and
   the workers load that path; every node must then mount the run directory.
+- merged_on_engine: only the LoRA factors travel (object store); each engine folds them in.
 - cuda_ipc (merged, one GPU): the merged weights go from the learner's GPU memory to the
   engine's without a host copy; its own module, actors/sync_cuda_ipc.py, holds all three sides.
 
@@ -63,14 +64,14 @@ class LoraAdapterSync(WeightSync):
 
 class MergedWeightsSync(WeightSync):
     """Merge LoRA into the base weights and have vLLM reload them in place (`reload_weights`).
-    merge_on="engine": the learner sends only the LoRA factors and each worker folds them into
+    merge_on="engine" (sync.strategy=merged_on_engine): the learner sends only the LoRA factors and each worker folds them into
     the base weights it read from the model folder (a few MB per sync instead of the model)."""
     name = "merged"
 
     def __init__(self, run_dir: Path, transport: str = "object_store", merge_on: str = "learner"):
         super().__init__(run_dir, transport)
         if merge_on not in ("learner", "engine"):
-            raise ValueError(f"sync.merge_on must be 'learner' or 'engine', got {merge_on!r}")
+            raise ValueError(f"merge_on must be 'learner' or 'engine', got {merge_on!r}")
         self.merge_on = merge_on
 
     def start(self, learner, workers: list, step: int) -> list[ray.ObjectRef]:
@@ -85,16 +86,15 @@ class MergedWeightsSync(WeightSync):
 
 
 def make_weight_sync(strategy: str, run_dir: Path, transport: str = "object_store",
-                     merge_on: str = "learner", bucket_mib: int = 512) -> WeightSync | CudaIpcSync:
-    if transport == "cuda_ipc":  # merged weights that stay on the GPU: the strategy's own module
-        if strategy != "merged" or merge_on != "learner":
-            raise ValueError("sync.transport=cuda_ipc needs sync.strategy=merged and sync.merge_on=learner")
+                     bucket_mib: int = 512) -> WeightSync | CudaIpcSync:
+    """The sync for one `sync.strategy` (rl.config.SyncConfig says what each does)."""
+    if strategy == "cuda_ipc":  # merged weights that stay on the GPU: the strategy's own module
         return CudaIpcSync(bucket_mib)
     if strategy == "lora":
         return LoraAdapterSync(run_dir, transport)
-    if strategy == "merged":
-        return MergedWeightsSync(run_dir, transport, merge_on)
-    raise ValueError(f"sync.strategy must be 'lora' or 'merged', got {strategy!r}")
+    if strategy in ("merged", "merged_on_engine"):
+        return MergedWeightsSync(run_dir, transport, merge_on="engine" if strategy == "merged_on_engine" else "learner")
+    raise ValueError(f"sync.strategy must be one of lora, merged, merged_on_engine, cuda_ipc; got {strategy!r}")
 
 
 class IssuedSync:

@@ -147,22 +147,32 @@ class LearnerConfig(Section):
 
 
 class SyncConfig(Section):
-    strategy: Literal["lora", "merged"] = "lora"
-    transport: Literal["object_store", "shared_dir", "cuda_ipc"] = Field(
-        "object_store", description="object_store: the learner's adapter/weights reach each rollout worker "
-                                    "through Ray (no shared filesystem); shared_dir: files under the run "
-                                    "directory, which every node must then see; cuda_ipc (sync.strategy=merged, "
-                                    "engine and learner on one GPU): the merged weights never leave the GPU "
-                                    "(actors/sync_cuda_ipc.py)")
-    bucket_mib: int = Field(512, ge=16, description="sync.transport=cuda_ipc: merged weights cross in buffers of "
+    """How the learner's weights reach the engines: one choice, each a class in
+    orchestrator/weight_sync.py. (It was three keys -- strategy, transport, merge_on -- whose
+    combinations were checked after the fact; a choice per working combination leaves none
+    that cannot run.)"""
+    strategy: Literal["lora", "merged", "merged_on_engine", "cuda_ipc"] = Field(
+        "lora", description="lora: the engine hot-loads the learner's adapter (an engine built with LoRA slots); "
+                            "merged: the learner folds LoRA into the base weights and the merged model travels "
+                            "to every engine; merged_on_engine: only the LoRA factors travel (through the object "
+                            "store) and each engine folds them into a copy of the base weights it keeps in host "
+                            "memory; cuda_ipc: merged on the learner and handed to an engine on the same GPU "
+                            "without leaving it (actors/sync_cuda_ipc.py)")
+    transport: Literal["object_store", "shared_dir"] = Field(
+        "object_store", description="strategy lora or merged: object_store: the adapter/weights reach each rollout "
+                                    "worker through Ray (no shared filesystem); shared_dir: files under the run "
+                                    "directory, which every node must then see")
+    bucket_mib: int = Field(512, ge=16, description="strategy cuda_ipc: merged weights cross in buffers of "
                             "at most this size (the learner holds one at a time beside its own weights)")
-    merge_on: Literal["learner", "engine"] = Field(
-        "learner", description="sync.strategy=merged: where LoRA is folded into the base weights. learner: the "
-                               "merged model travels to every engine; engine: only the LoRA factors travel (through the "
-                               "object store, whatever sync.transport says) and each engine merges them into a "
-                               "copy of the base weights it keeps in host memory")
     parity_threshold: float = Field(0.05, gt=0, description="max mean |learner - served| log-prob gap")
     parity_text: str = "The quick brown fox jumps over the lazy dog. def add(a, b): return a + b"
+
+    @model_validator(mode="after")
+    def _transport_has_a_choice(self) -> "SyncConfig":
+        if self.transport == "shared_dir" and self.strategy in ("merged_on_engine", "cuda_ipc"):
+            raise ValueError(f"sync.transport=shared_dir applies to sync.strategy lora or merged; "
+                             f"sync.strategy={self.strategy} has its own path (leave sync.transport out)")
+        return self
 
 
 class TaskConfig(Section):
@@ -373,7 +383,7 @@ class RunConfig(Section):
                 "rollout.sleep_level=2 drops the engine's weights and waking reloads them, which vLLM 0.26 (the GPU "
                 "release) cannot do on an engine built for LoRA (sync.strategy=lora); set sync.strategy=merged "
                 "or rollout.sleep_level=1")
-        if self.sync.transport == "cuda_ipc":
+        if self.sync.strategy == "cuda_ipc":
             _check_cuda_ipc(self)
         if self.rollout.num_gpus == 0 and self.sync.strategy == "lora" and self.rollout.guided_logprobs == "rescore":
             raise ValueError(
@@ -397,21 +407,17 @@ class RunConfig(Section):
 
 
 def _check_cuda_ipc(cfg: RunConfig) -> None:
-    """CUDA IPC reaches only an engine on the learner's own GPU, and carries merged weights."""
-    s = cfg.sync
-    if s.strategy != "merged" or s.merge_on != "learner":
-        raise ValueError(f"sync.transport=cuda_ipc hands the engine the learner's merged tensors; it needs "
-                         f"sync.strategy=merged and sync.merge_on=learner (got {s.strategy}, {s.merge_on})")
+    """CUDA IPC reaches only an engine on the learner's own GPU."""
     if cfg.rollout.num_gpus == 0 or cfg.learner.num_gpus == 0:
-        raise ValueError("sync.transport=cuda_ipc needs the engine and the learner on a GPU (rollout.num_gpus and "
-                         "learner.num_gpus > 0); on CPU use sync.transport=object_store")
+        raise ValueError("sync.strategy=cuda_ipc needs the engine and the learner on a GPU (rollout.num_gpus and "
+                         "learner.num_gpus > 0); on CPU use sync.strategy=merged or merged_on_engine")
     if cfg.rollout.sleep_level == 2:
         raise ValueError("rollout.sleep_level=2 drops the engine's weights and waking reloads them from the host, "
-                         "which sync.transport=cuda_ipc never fills; set rollout.sleep_level=1")
+                         "which sync.strategy=cuda_ipc never fills; set rollout.sleep_level=1")
     if cfg.ray.placement_strategy in ("SPREAD", "STRICT_SPREAD"):
-        raise ValueError(f"sync.transport=cuda_ipc needs the engine on the learner's GPU, but "
+        raise ValueError(f"sync.strategy=cuda_ipc needs the engine on the learner's GPU, but "
                          f"ray.placement_strategy={cfg.ray.placement_strategy} spreads them; across nodes use "
-                         f"sync.transport=object_store")
+                         f"sync.strategy=merged (through the object store)")
 
 
 class ConfigError(ValueError):
@@ -431,6 +437,11 @@ RENAMED = {
     "warm_start.lora_rank": "lora.rank",
     "warm_start.lora_alpha": "lora.alpha",
     "warm_start.lora_target_modules": "lora.target_modules",
+}
+RENAMED_VALUES = {  # an old key=value that is now one choice of sync.strategy
+    ("sync.merge_on", "engine"): "sync.strategy=merged_on_engine",
+    ("sync.merge_on", "learner"): "sync.strategy=merged",
+    ("sync.transport", "cuda_ipc"): "sync.strategy=cuda_ipc",
 }
 
 
@@ -460,6 +471,10 @@ def _renamed_keys(data: dict, source: str) -> str | None:
                 lines.append(f"  {old}={shown} was renamed: use {key} (left out, it takes its default)")
         else:
             lines.append(f"  {old} was renamed: use {new}")
+    for (old, old_value), new in RENAMED_VALUES.items():
+        present, value = _lookup(data, old)
+        if present and value == old_value:
+            lines.append(f"  {old}={old_value} is now {new}")
     if not lines:
         return None
     return "\n".join([f"config ({source}) uses keys that were renamed (a run saved before the change: edit its "

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rl.config import RENAMED, ConfigError, RunConfig, load_config
+from rl.config import RENAMED, RENAMED_VALUES, ConfigError, RunConfig, load_config
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
 
@@ -71,6 +71,25 @@ def test_renamed_keys_are_listed_together_also_in_a_saved_config(tmp_path):
     assert "learner.lora_rank was renamed: use lora.rank" in msg
     assert "trainer.dynamic_sampling was renamed: use trainer.sampling.dynamic" in msg
     assert str(p) in msg and "edit its config.yaml" in msg
+
+
+@pytest.mark.parametrize("old, value", sorted(RENAMED_VALUES))
+def test_the_sync_keys_that_became_one_choice_are_refused_naming_it(old, value):
+    """sync.merge_on and sync.transport=cuda_ipc are choices of sync.strategy now; a config that
+    still sets them (with the strategy they needed) is refused with the choice to use."""
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["sync.strategy=merged", f"{old}={value}"])
+    assert f"{old}={value} is now {RENAMED_VALUES[(old, value)]}" in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("strategy", ["lora", "merged", "merged_on_engine"])
+def test_each_sync_strategy_loads_and_shared_dir_only_where_it_means_something(strategy):
+    assert load_config(None, [f"sync.strategy={strategy}"]).sync.strategy == strategy
+    if strategy == "merged_on_engine":
+        with pytest.raises(ConfigError, match=r"sync\.transport=shared_dir applies to sync\.strategy lora or merged"):
+            load_config(None, [f"sync.strategy={strategy}", "sync.transport=shared_dir"])
+    else:
+        assert load_config(None, [f"sync.strategy={strategy}", "sync.transport=shared_dir"]).sync.transport == "shared_dir"
 
 
 @pytest.mark.parametrize("layout", ["padded", "packed", "shared_prefix"])

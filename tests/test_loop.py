@@ -46,10 +46,10 @@ def test_rollout_ahead_still_learns_one_step_off_policy(tmp_path, model_path, fr
     """trainer.rollout_ahead: step k+1 rolls out while step k learns, on the weights of step k-1.
     The steps after the first take rollouts made ahead; the served policy still improves, and
     every sync waits for the rollout in flight (the probe after it sees the learner's weights).
-    Merged weights, merged on the engine (configs/length.yaml's sync.merge_on)."""
+    Merged weights, merged on the engine (sync.strategy=merged_on_engine)."""
     from orchestrator.loop import Trainer
     cfg = load_config(LENGTH_CFG, [f"trainer.run_dir={tmp_path / 'run'}", "trainer.steps=6",
-                                   "trainer.rollout_ahead=true", "sync.strategy=merged"])
+                                   "trainer.rollout_ahead=true", "sync.strategy=merged_on_engine"])
     Trainer(cfg).run()
     metrics = read_metrics(tmp_path / "run")
     rewards = [m["reward_mean"] for m in metrics]

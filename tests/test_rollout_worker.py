@@ -254,7 +254,7 @@ def test_worker_as_ray_actor_serves_and_records(model_path):
 
 
 def test_engine_side_merge_serves_what_the_learner_merges(worker, model_path, prompt_ids):
-    """sync.merge_on=engine: the worker folds the learner's LoRA factors into the base weights
+    """sync.strategy=merged_on_engine: the worker folds the learner's LoRA factors into the base weights
     itself; it must serve exactly what installing the learner's own merged model serves."""
     import torch
 

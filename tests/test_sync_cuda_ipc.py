@@ -1,4 +1,4 @@
-"""sync.transport=cuda_ipc on CPU: the config rules, the bucket plan, the merge arithmetic and the
+"""sync.strategy=cuda_ipc on CPU: the config rules, the bucket plan, the merge arithmetic and the
 order of the driver's chained calls (the IPC hand-over itself is a `gpu` test in test_gpu.py)."""
 import pytest
 
@@ -16,20 +16,18 @@ def test_bucket_plan_keeps_order_and_size():
 
 
 @pytest.mark.parametrize("override, names", [
-    ("sync.strategy=lora", "sync.strategy=merged"),
-    ("sync.merge_on=engine", "sync.merge_on=learner"),
     ("rollout.sleep_level=2", "rollout.sleep_level=1"),
     ("rollout.num_gpus=0", "rollout.num_gpus"),
-    ("ray.placement_strategy=SPREAD", "sync.transport=object_store"),
+    ("ray.placement_strategy=SPREAD", "sync.strategy=merged"),
 ])
 def test_cuda_ipc_config_refuses_what_cannot_work(override, names):
-    assert load_config(RECIPE).sync.transport == "cuda_ipc"
+    assert load_config(RECIPE).sync.strategy == "cuda_ipc"
     with pytest.raises(ConfigError, match=names.replace(".", r"\.")):
         load_config(RECIPE, [override])
 
 
 def test_today_recipe_still_loads_with_its_overrides():
-    cfg = load_config(RECIPE, ["rollout.enforce_eager=true", "sync.strategy=lora", "sync.transport=object_store"])
+    cfg = load_config(RECIPE, ["rollout.enforce_eager=true", "sync.strategy=lora"])
     assert cfg.rollout.eager(on_gpu=True) == (True, "rollout.enforce_eager=true")
 
 
@@ -52,10 +50,10 @@ def test_compile_cache_lives_under_rlvr_home_on_gpu_only(monkeypatch, tmp_path):
 
 def test_make_weight_sync_picks_the_ipc_module():
     from orchestrator.weight_sync import make_weight_sync
-    sync = make_weight_sync("merged", "unused", "cuda_ipc", "learner", bucket_mib=64)
+    sync = make_weight_sync("cuda_ipc", "unused", bucket_mib=64)
     assert isinstance(sync, CudaIpcSync) and sync.bucket_bytes == 64 << 20
-    with pytest.raises(ValueError, match="sync.strategy=merged"):
-        make_weight_sync("lora", "unused", "cuda_ipc")
+    with pytest.raises(ValueError, match="merged_on_engine, cuda_ipc"):
+        make_weight_sync("telepathy", "unused")
 
 
 def _tiny_peft():
