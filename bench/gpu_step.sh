@@ -17,7 +17,7 @@ export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled T
 case $stage in
   prep)
     python3 bench/trl_grpo.py --build-qwen2 "$M3" ${TOKENIZER:+--tokenizer "$TOKENIZER"} | tail -1 > "$out/checkpoint_3b.json"
-    python3 -m bench.qwen35_checkpoint --shape 4b --out "$M4" --device cuda --end-token-p 0.001 | tail -1 \
+    python3 -m tests.fixtures.qwen35_checkpoint --shape 4b --out "$M4" --device cuda --end-token-p 0.001 | tail -1 \
       > "$out/checkpoint_4b.json" ;;
   tests)
     RLVR_GPU_RESULTS="$out" make test-gpu PY=python3 ARGS="-v -rA --durations=0 -p no:cacheprovider" 2>&1 \

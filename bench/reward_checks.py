@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from envs.tasks import SHIPPED_TASKS, load_tasks  # noqa: E402
 from rl.jsonl import append_durable, read_complete  # noqa: E402
-from tests.envs_fixtures import SHIPPED_TOOLZ, episode, replace_body, task_by_qualname  # noqa: E402
+from tests.fixtures.env import SHIPPED_TOOLZ, episode, replace_body, task_by_qualname  # noqa: E402
 
 UID = 63021
 

@@ -26,7 +26,7 @@ whose completions shrink faster does less work per step.
 
 GPU side (`--gpu`): the same comparison on one CUDA card standing in for a 24 GiB one, with vLLM
 colocated on both sides: a random checkpoint (`--build-qwen2 OUT` writes the ~3B Qwen2-shaped
-one with the default model's tokenizer; bench/qwen35_checkpoint.py the Qwen3.5-4B shape), one
+one with the default model's tokenizer; tests/fixtures/qwen35_checkpoint.py the Qwen3.5-4B shape), one
 prompt x 8 completions x at most 512 tokens a step, LoRA r16 on the same projections, bf16,
 gradient checkpointing, 2 GiB of KV cache, sleep mode. Sides:
   ours-gpu         configs/qwen35_4b_24gb.yaml on the length task: CUDA graphs, merged weights
@@ -347,11 +347,11 @@ def trl_gpu_child(out: str, model: str, steps: int, card_gib: float, eager: bool
 
 def build_qwen2(out: str, tokenizer: str, end_token_p: float = 0.001) -> dict:
     """A random ~3B Qwen2-shaped checkpoint (Qwen2.5-3B's sizes) with the given tokenizer, its end
-    token raised so completion lengths vary (bench.qwen35_checkpoint.raise_end_token)."""
+    token raised so completion lengths vary (tests.fixtures.qwen35_checkpoint.raise_end_token)."""
     import torch
     from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from bench.qwen35_checkpoint import raise_end_token
+    from tests.fixtures.qwen35_checkpoint import raise_end_token
 
     tok = AutoTokenizer.from_pretrained(tokenizer)
     eos = tok.convert_tokens_to_ids("<|im_end|>")
