@@ -14,7 +14,7 @@ Also measured: each worker's start-up, each served policy's parity gap to a lear
 run's probe text, and how far the log-probs each side's episodes recorded are from the
 learner's on the same tokens.
 
-    python bench/agentic_step.py [--config configs/default.yaml] [--rounds 2] [--groups 1]
+    python -m bench.agentic_step [--config configs/default.yaml] [--rounds 2] [--groups 1]
                                  [--before "k=v ..."] [--after "k=v ..."] [--json out.json]
                                  [dotted.override=value ...]
 """
@@ -25,14 +25,11 @@ import json
 import math
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import ray  # noqa: E402
+import ray
 
 BEFORE = "rollout.dtype=float32 rollout.guided_logprobs=rescore"
 

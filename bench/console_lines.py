@@ -1,6 +1,6 @@
 """Count a training run's console lines by kind, for captures of the same run side by side.
 
-    python bench/console_lines.py before.txt after.txt [--json docs/results/console/lines.json]
+    python -m bench.console_lines before.txt after.txt [--json docs/results/console/lines.json]
 
 A capture is the run's stdout and stderr together (`make train ARGS=... > x.txt 2>&1`). Kinds:
   error     a line of an ERROR log record or a traceback

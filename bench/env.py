@@ -1,7 +1,7 @@
 """Benchmark the coding environment on this machine: mining time per library, reward
 latency, sandbox overhead per command, and environments built per second.
 
-    python bench/env.py [--libraries toolz,cachetools] [--mine-limit N] [--json out.json]
+    python -m bench.env [--libraries toolz,cachetools] [--mine-limit N] [--json out.json]
 """
 from __future__ import annotations
 
@@ -13,13 +13,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from envs.coding_env import CodingEnv  # noqa: E402
-from envs.mining import mine  # noqa: E402
-from envs.sandbox import Limits, QuotaDir, Sandbox, chown_tree  # noqa: E402
-from envs.tasks import load_tasks  # noqa: E402
-from rl.config import EnvConfig  # noqa: E402
+from envs.coding_env import CodingEnv
+from envs.mining import mine
+from envs.sandbox import Limits, QuotaDir, Sandbox, chown_tree
+from envs.tasks import load_tasks
+from rl.config import EnvConfig
 
 WORK = Path("/tmp/agentic-rlvr-bench")
 

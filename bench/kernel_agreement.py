@@ -6,19 +6,16 @@ weights, and of packed rows with unpacked ones (random Qwen3.5-4B shape, bf16, o
 - LoRA gradients of one GRPO loss, reference vs fast: relative error;
 - packed vs unpacked (fast path): log-probs of three samples in one row against each alone.
 
-  python bench/kernel_agreement.py --tokens 4096 --json docs/results/kernel_agreement_h200.json
+  python -m bench.kernel_agreement --tokens 4096 --json docs/results/kernel_agreement_h200.json
 """
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main() -> None:

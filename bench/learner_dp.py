@@ -4,10 +4,10 @@ Runs the same batch through one Learner actor and through a group of N (one per 
 GPU host, gloo on CPU), then reports throughput and the max |difference| between replicas'
 LoRA weights (must be 0) and between the group and the single learner.
 
-  CPU / gloo (small model):  python bench/learner_dp.py --num-learners 2 --seq-len 256 --samples 4
-  2 GPUs / NCCL:             python bench/learner_dp.py --num-learners 2 --num-gpus 1 \
+  CPU / gloo (small model):  python -m bench.learner_dp --num-learners 2 --seq-len 256 --samples 4
+  2 GPUs / NCCL:             python -m bench.learner_dp --num-learners 2 --num-gpus 1 \
                                  --model PATH_OR_default --seq-len 4096 --samples 8 --json bench/results/dp.json
-  one learner per node:      python bench/learner_dp.py --address auto --one-per-node ...
+  one learner per node:      python -m bench.learner_dp --address auto --one-per-node ...
                              (a STRICT_SPREAD placement group: the all-reduce crosses nodes)
 """
 from __future__ import annotations
@@ -16,11 +16,8 @@ import argparse
 import json
 import os
 import random
-import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def make_batch(n: int, length: int, vocab: int, seed: int):

@@ -6,7 +6,7 @@ update's cost is its context. This replays one stored step (the episodes as the 
 them, group advantages as the loop computes them) through the project's Learner under each
 variant, alternated over --rounds in one process, and prints a table.
 
-  python bench/learner_layouts.py runs/default/episodes/step_000001.jsonl --model <model folder> \\
+  python -m bench.learner_layouts runs/default/episodes/step_000001.jsonl --model <model folder> \\
       --json docs/results/learner-layouts-cpu/step1.json
 """
 from __future__ import annotations
@@ -14,11 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 VARIANTS = {  # name: LearnerConfig overrides (the rest as configs/default.yaml sets them)
     "padded+ckpt+fp32": {"gradient_checkpointing": True, "cpu_bf16": False, "micro_batch_tokens": 2048},

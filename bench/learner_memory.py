@@ -7,9 +7,9 @@ side by side in one run). Variants with fast_kernels="off" run as the learner di
 fast kernels: flash-linear-attention is made unimportable in their process, so transformers
 takes its PyTorch Gated-DeltaNet.
 
-  CPU (SmolLM2-135M):   python bench/learner_memory.py --model default --lengths 512,1024,2048
+  CPU (SmolLM2-135M):   python -m bench.learner_memory --model default --lengths 512,1024,2048
   GPU (Qwen3.5-4B shape, random weights, capped at 24 GiB):
-      python bench/learner_memory.py --model qwen3.5-4b-random --cap-gib 24 --lora-targets all-linear \
+      python -m bench.learner_memory --model qwen3.5-4b-random --cap-gib 24 --lora-targets all-linear \
           --lengths 8192,16384,32768 --variants old,fast,fast+offload --baseline old --json docs/results/learner_speed_h200.json
 """
 from __future__ import annotations
@@ -22,8 +22,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 VARIANTS = {
     # name: LearnerConfig overrides
@@ -252,7 +250,7 @@ def main() -> None:
         raise SystemExit(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
     rows, meta = [], []
     for v in args.variants.split(","):
-        cmd = [sys.executable, __file__, "--worker", "--variant", v] + [
+        cmd = [sys.executable, "-m", "bench.learner_memory", "--worker", "--variant", v] + [
             a for a in sys.argv[1:] if a not in ("--worker",)]
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

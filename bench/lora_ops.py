@@ -6,7 +6,7 @@ Per decode step the engine runs, for every layer, a shrink and an expand for eac
 slice (q, k, v, o, gate, up, down), plus the logits processor's pair. A prefill uses the `sgmv`
 path, which repeats the adapter index per prompt token and so copies the adapter once per token.
 
-    python bench/lora_ops.py [--rank 16] [--threads 1] [--json out.json]
+    python -m bench.lora_ops [--rank 16] [--threads 1] [--json out.json]
 """
 from __future__ import annotations
 

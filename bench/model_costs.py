@@ -6,7 +6,7 @@ rollout gets per second and how long a GRPO update of a pi-sized sample takes. E
 measurement runs in a fresh process with the default config's two threads, models
 alternated per round. A `.gguf` argument is converted once (dequantized, fp32) next to it.
 
-    python bench/model_costs.py default /path/to/gemma-3-270m-q4_k_m.gguf [--rounds 1] [--json out.json]
+    python -m bench.model_costs default /path/to/gemma-3-270m-q4_k_m.gguf [--rounds 1] [--json out.json]
 """
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 THREADS = 2
 PROMPT_TOKENS, TRAIN_TOKENS, TRAINED = 2000, 2048, 256
 
@@ -88,7 +87,7 @@ def learner_child(path: str) -> dict:
 
 
 def run_child(kind: str, path: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", kind, path], cwd=ROOT, check=True,
+    out = subprocess.run([sys.executable, "-m", "bench.model_costs", "--child", kind, path], cwd=ROOT, check=True,
                          capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(THREADS)})
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -3,9 +3,9 @@ the reference body over a task file (median), and the audit of every shipped tas
 body -> 1.0, stub -> below 1.0), on whatever tree is first on the path, so the same script
 measures a tree before and after a change side by side.
 
-    python bench/reward_checks.py tamper [--task frequencies|merge ...] [--uid N] [--json out.json]
-    python bench/reward_checks.py latency [--tasks configs/tasks/toolz.jsonl] [--per-level N] [--json out.json]
-    python bench/reward_checks.py audit [--tasks FILE ...] [--uid N] [--out DIR] [--only ID ...]
+    python -m bench.reward_checks tamper [--task frequencies|merge ...] [--uid N] [--json out.json]
+    python -m bench.reward_checks latency [--tasks configs/tasks/toolz.jsonl] [--per-level N] [--json out.json]
+    python -m bench.reward_checks audit [--tasks FILE ...] [--uid N] [--out DIR] [--only ID ...]
 
 `audit` appends one record per task to DIR/audit.jsonl as it goes (a killed run resumes where
 it stopped; --only re-scores the named tasks), then writes DIR/audit.json and DIR/audit.md.
@@ -15,15 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from envs.tasks import SHIPPED_TASKS, load_tasks  # noqa: E402
-from rl.jsonl import append_durable, read_complete  # noqa: E402
-from tests.envs_fixtures import SHIPPED_TOOLZ, episode, replace_body, task_by_qualname  # noqa: E402
+from envs.tasks import SHIPPED_TASKS, load_tasks
+from rl.jsonl import append_durable, read_complete
+from tests.fixtures.env import SHIPPED_TOOLZ, episode, replace_body, task_by_qualname
 
 UID = 63021
 

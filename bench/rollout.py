@@ -6,7 +6,7 @@ streaming OpenAI requests to `/episodes/<id>/v1` from a separate client process 
 and counts the recorded tokens. Every request generates exactly --max-tokens tokens (ignore_eos), so both
 sides do identical work. Ratio = server tok/s / engine tok/s (target >= 0.9).
 
-    python bench/rollout.py [--prompts 8] [--max-tokens 64] [--concurrency 1,8] [--json out.json]
+    python -m bench.rollout [--prompts 8] [--max-tokens 64] [--concurrency 1,8] [--json out.json]
 """
 from __future__ import annotations
 
@@ -15,11 +15,9 @@ import asyncio
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 QUESTIONS = [

@@ -32,9 +32,9 @@ def worker(tokens: int, lever: str, cap_gib: float, steps: int, kernels: str) ->
     from trl import SFTTrainer
 
     from bench.learner_memory import QWEN35_4B
-    from bench.qwen35_checkpoint import tiny_tokenizer
     from modeling.sft import _sft_args, select_kernels
     from rl.config import RunConfig, WarmStartConfig
+    from tests.fixtures.qwen35_checkpoint import tiny_tokenizer
 
     total = torch.cuda.mem_get_info()[1]
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * 2**30 / total))

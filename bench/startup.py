@@ -8,7 +8,7 @@ step's end minus its rollout and everything the step did after the rollout (lear
 wake, sync, probe), which is when it started there. The base side runs from a `git worktree` of the
 given commit, with this checkout's environment.
 
-    python bench/startup.py [--base HEAD~1] [--config configs/default.yaml] [--rounds 3] [--json out.json]
+    python -m bench.startup [--base HEAD~1] [--config configs/default.yaml] [--rounds 3] [--json out.json]
                             [dotted.override=value ...]
 """
 from __future__ import annotations

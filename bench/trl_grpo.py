@@ -22,11 +22,11 @@ first. Sides:
 Each step's mean completion length is kept too: the reward shortens completions, and a side
 whose completions shrink faster does less work per step.
 
-    python bench/trl_grpo.py [--steps 4] [--rounds 2] [--sides ours,ours-ahead,trl,trl-2t,...] [--json out.json]
+    python -m bench.trl_grpo [--steps 4] [--rounds 2] [--sides ours,ours-ahead,trl,trl-2t,...] [--json out.json]
 
 GPU side (`--gpu`): the same comparison on one CUDA card standing in for a 24 GiB one, with vLLM
 colocated on both sides: a random checkpoint (`--build-qwen2 OUT` writes the ~3B Qwen2-shaped
-one with the default model's tokenizer; bench/qwen35_checkpoint.py the Qwen3.5-4B shape), one
+one with the default model's tokenizer; tests/fixtures/qwen35_checkpoint.py the Qwen3.5-4B shape), one
 prompt x 8 completions x at most 512 tokens a step, LoRA r16 on the same projections, bf16,
 gradient checkpointing, 2 GiB of KV cache, sleep mode. Sides:
   ours-gpu         configs/qwen35_4b_24gb.yaml on the length task: CUDA graphs, merged weights
@@ -40,7 +40,7 @@ gradient checkpointing, 2 GiB of KV cache, sleep mode. Sides:
 Each side also reports generated tokens/s of its rollout phase and the card's peak memory (every
 process, nvidia-smi every 100 ms).
 
-    python bench/trl_grpo.py --gpu --model /tmp/qwen2-3b --steps 6 --sides ours-gpu,trl-gpu --json out.json
+    python -m bench.trl_grpo --gpu --model /tmp/qwen2-3b --steps 6 --sides ours-gpu,trl-gpu --json out.json
 """
 from __future__ import annotations
 
@@ -56,7 +56,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 GROUP, MAX_TOKENS, LR = 8, 64, 2e-3
 
@@ -103,8 +102,8 @@ PREFIX = "learner.layout=shared_prefix"
 def run_trl(steps: int, threads: int = 1, bf16: bool = False) -> dict:
     out = Path(tempfile.mkdtemp(prefix="bench-trl-")) / "times.json"
     launch = time.time()
-    subprocess.run([sys.executable, __file__, "--trl-child", str(out), "--steps", str(steps), "--threads", str(threads),
-                    *(["--bf16"] if bf16 else [])],
+    subprocess.run([sys.executable, "-m", "bench.trl_grpo", "--trl-child", str(out), "--steps", str(steps),
+                    "--threads", str(threads), *(["--bf16"] if bf16 else [])],
                    cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
                    env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads)})
     t = json.loads(out.read_text())
@@ -273,8 +272,8 @@ def run_trl_gpu(a, eager: bool) -> dict:
     out = Path(tempfile.mkdtemp(prefix="bench-trl-gpu-")) / "times.json"
     launch = time.time()
     with CardPeak() as card:
-        done = subprocess.run([sys.executable, __file__, "--trl-gpu-child", str(out), "--model", a.model, "--steps",
-                               str(a.steps), "--card-gib", str(a.card_gib), *(["--eager"] if eager else [])],
+        done = subprocess.run([sys.executable, "-m", "bench.trl_grpo", "--trl-gpu-child", str(out), "--model", a.model,
+                               "--steps", str(a.steps), "--card-gib", str(a.card_gib), *(["--eager"] if eager else [])],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env=_child_env())
     if done.returncode != 0:
@@ -342,11 +341,11 @@ def trl_gpu_child(out: str, model: str, steps: int, card_gib: float, eager: bool
 
 def build_qwen2(out: str, tokenizer: str, end_token_p: float = 0.001) -> dict:
     """A random ~3B Qwen2-shaped checkpoint (Qwen2.5-3B's sizes) with the given tokenizer, its end
-    token raised so completion lengths vary (bench.qwen35_checkpoint.raise_end_token)."""
+    token raised so completion lengths vary (tests.fixtures.qwen35_checkpoint.raise_end_token)."""
     import torch
     from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from bench.qwen35_checkpoint import raise_end_token
+    from tests.fixtures.qwen35_checkpoint import raise_end_token
 
     tok = AutoTokenizer.from_pretrained(tokenizer)
     eos = tok.convert_tokens_to_ids("<|im_end|>")

@@ -8,7 +8,7 @@ machine slows both alike; every sync is followed by the parity probe (untimed), 
 transport that installs nothing fails here instead of looking fast. Between syncs the
 learner takes one real GRPO step, so each sync ships new weights.
 
-  python bench/weight_sync.py --rounds 3 --json docs/results/weight_sync_cpu.json
+  python -m bench.weight_sync --rounds 3 --json docs/results/weight_sync_cpu.json
 """
 from __future__ import annotations
 
@@ -17,12 +17,9 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main() -> None:

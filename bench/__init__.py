@@ -1,0 +1,1 @@
+"""Benchmarks and measurements, run from the repository root: `python -m bench.NAME ...`."""

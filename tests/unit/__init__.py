@@ -1,0 +1,1 @@
+"""Tests that need no Ray, engine, sandbox, pi CLI or subprocess job."""
