@@ -30,7 +30,7 @@ TAMPER_TASKS = ("frequencies", "merge")
 
 def _tamper_cases(qualname: str) -> list[tuple[str, str, str, object]]:
     """(name, kind, class, write) for one task: the reference body, the honest rewrites, the attacks."""
-    from tests import tamper_attacks as ta
+    from tests.fixtures import tamper_attacks as ta
     ref = ("reference body (must stay 1.0)", "honest", "reference",
            lambda env, t: replace_body(env, t.original_body))
     if qualname == "merge":
@@ -186,6 +186,9 @@ def main() -> None:
               latency((args.tasks or [str(SHIPPED_TOOLZ)])[0], args.per_level, args.uid))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
+    if args.what == "tamper" and any((r["kind"] == "attack" and r["reward"] >= 1.0) or
+                                     (r["kind"] == "honest" and r["reward"] != 1.0) for r in result):
+        raise SystemExit(1)   # a check as well as a table: the reward was gamed or an honest body refused
 
 
 if __name__ == "__main__":

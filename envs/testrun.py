@@ -13,7 +13,7 @@ from pathlib import Path
 
 from envs.sandbox import Sandbox
 
-PLUGIN_DIR = Path(__file__).parent / "verify_plugin"
+PLUGIN_DIR = Path(__file__).resolve().parent / "verify_plugin"   # the real folder: the sandbox binds it
 INSIDE_PLUGIN = "/rlvr/plugin"
 
 MAX_CHANNEL_BYTES = 32 * 1024 * 1024
