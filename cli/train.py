@@ -1,6 +1,7 @@
 """`rlvr train`: one entry point for embedded runs and `ray job submit` alike."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from cli.config_args import DEFAULT_CONFIG, config_from_args
@@ -30,11 +31,13 @@ def run_config(args):
 
 
 def train(args) -> int:
+    started = time.time()
     cfg, run_dir = run_config(args)
     from cli.doctor import start_preflight
     from orchestrator.pipeline import run_pipeline  # heavy (ray, torch): after the config, before preflight
     preflight = start_preflight(cfg)  # waited on before any actor starts: a missing sandbox or model fails there
-    run_pipeline(cfg, run_dir, resume=bool(args.resume), preflight=preflight)
+    deadline = started + args.time_limit if args.time_limit else None
+    run_pipeline(cfg, run_dir, resume=bool(args.resume), preflight=preflight, deadline=deadline)
     return 0
 
 
@@ -43,4 +46,7 @@ def register(sub) -> None:
     p.add_argument("config", nargs="?", help=f"run config YAML (default: {DEFAULT_CONFIG.name})")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.steps=20 rollout.temperature=0.8")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    p.add_argument("--time-limit", type=float, metavar="SECONDS",
+                   help="start no GRPO step that would end later than this after launch (a batch job's limit): "
+                        "the run stops at a step boundary, checkpointed, and continues with --resume")
     p.set_defaults(func=train)

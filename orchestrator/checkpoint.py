@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 KEEP_LAST = 2
+SCRATCH = ("adapters", "merged_weights", "warm_start")  # in a run directory: rebuilt or re-sent; large
 
 
 def checkpoints_dir(run_dir: Path) -> Path:

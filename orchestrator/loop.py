@@ -52,8 +52,11 @@ from rl.types import TrainSample
 
 class Trainer:
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, weight_sync: WeightSync | None = None,
-                 before_actors: Callable[[], None] | None = None):
+                 before_actors: Callable[[], None] | None = None, deadline: float | None = None):
+        """deadline: a time.time() after which no new step starts (a batch job's time limit): the
+        run stops at the step boundary before it, checkpointed, and resumes with --resume."""
         self.cfg = cfg
+        self.deadline = deadline
         self.before_actors = before_actors  # the preflight's wait: runs once Ray is up, before any actor
         self.run_dir = Path(run_dir or cfg.trainer.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -184,8 +187,12 @@ class Trainer:
         return node_died_message(dead, self._step, found[0] if found else None, self.run_dir, error)
 
     def _run(self, first: int) -> Path:
+        last_step_s = 0.0
         for step in range(first, self.cfg.trainer.steps + 1):
+            if self._out_of_time(step, last_step_s):
+                return self.run_dir
             self._step = step
+            started = time.time()
             metrics = self.step(step)
             self.metrics.log(step, metrics)
             self.tracker.log_step(step, metrics)
@@ -195,10 +202,22 @@ class Trainer:
                 if self.storage:
                     self.storage.push()
                 plot_reward_curve(self.run_dir)
+            last_step_s = time.time() - started
         plot_reward_curve(self.run_dir)
         self.tracker.close()
         self.console.final_table(self.run_dir, read_metrics(self.run_dir))
         return self.run_dir
+
+    def _out_of_time(self, step: int, last_step_s: float) -> bool:
+        """The time limit would fall inside this step (judged by the last one's length, with a margin)."""
+        if self.deadline is None or time.time() + 1.25 * last_step_s < self.deadline:
+            return False
+        found = latest_checkpoint(self.run_dir)
+        done = f"after step {found[0]} (checkpointed)" if found else "before its first step"
+        print(f"[rlvr] time limit: stopping {done}; continue with `rlvr train --resume {self.run_dir}`", flush=True)
+        plot_reward_curve(self.run_dir)
+        self.tracker.close()
+        return True
 
     def step(self, step: int) -> dict:
         """One GRPO step, as named phases; each phase's wall time lands in the metrics."""

@@ -38,9 +38,10 @@ def calibrate_stage(cfg: RunConfig, run_dir: Path) -> None:
     print(f"[rlvr] GRPO trains on the band {cfg.task.band_file}", flush=True)
 
 
-def grpo_stage(cfg: RunConfig, run_dir: Path, before_actors: Callable[[], None]) -> None:
+def grpo_stage(cfg: RunConfig, run_dir: Path, before_actors: Callable[[], None],
+               deadline: float | None = None) -> None:
     try:
-        Trainer(cfg, run_dir, before_actors=before_actors).run()
+        Trainer(cfg, run_dir, before_actors=before_actors, deadline=deadline).run()
     except Exception:
         tails = actor_log_tails(run_dir)   # the actors' output stays in files unless the run fails
         if tails and cfg.logging.console != "debug":
@@ -48,13 +49,14 @@ def grpo_stage(cfg: RunConfig, run_dir: Path, before_actors: Callable[[], None])
         raise
 
 
-def run_pipeline(cfg: RunConfig, run_dir: Path, resume: bool, preflight: Callable[[], None]) -> None:
+def run_pipeline(cfg: RunConfig, run_dir: Path, resume: bool, preflight: Callable[[], None],
+                 deadline: float | None = None) -> None:
     """preflight: the environment checks (started by the caller, waited on here before the first
-    stage that starts actors)."""
+    stage that starts actors); deadline: no GRPO step starts that would end after it."""
     if (cfg.warm_start.enabled or cfg.calibrate.enabled) and not resume:
         preflight()                   # those stages start actors of their own
     if cfg.warm_start.enabled and not resume:
         warm_start_stage(cfg, run_dir)
     if cfg.calibrate.enabled and not resume and not cfg.task.band_file:
         calibrate_stage(cfg, run_dir)
-    grpo_stage(cfg, run_dir, preflight)
+    grpo_stage(cfg, run_dir, preflight, deadline)

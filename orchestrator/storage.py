@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-SKIPPED = ("adapters", "merged_weights", "warm_start")  # rebuilt or re-sent; large
+from orchestrator.checkpoint import SCRATCH
 
 
 class RunStorage:
@@ -28,7 +28,7 @@ class RunStorage:
         """Copy the run directory's records and checkpoints to storage (overwriting)."""
         self.fs.create_dir(self.root, recursive=True)
         for entry in sorted(self.run_dir.iterdir()):
-            if entry.name in SKIPPED or entry.name.startswith("."):
+            if entry.name in SCRATCH or entry.name.startswith("."):
                 continue
             dest = f"{self.root}/{entry.name}"
             if entry.is_dir():

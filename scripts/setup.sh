@@ -13,6 +13,26 @@ VENV=.venv
 GPU=0; [ "${1:-}" = "--gpu" ] && GPU=1
 log() { printf '[setup] %s\n' "$*"; }
 
+# --- offline: a host without registries, from `python -m scripts.bundle write DIR` ------
+# The coding environment (bubblewrap, node, pi, the sandbox Python, sdists, the default model)
+# comes from the bundle, every chunk hash-checked first; the Python stack (torch, vLLM, Ray)
+# must already be importable by $PYTHON (default: the venv's, else python3).
+if [ "${1:-}" = "--offline" ]; then
+  BUNDLE=${2:?usage: scripts/setup.sh --offline BUNDLE_DIR}
+  PY=${PYTHON:-python3}; [ -x "$VENV/bin/python" ] && [ -z "${PYTHON:-}" ] && PY=$VENV/bin/python
+  want=$(sha256sum "$BUNDLE/bundle.manifest.json" | cut -d' ' -f1)
+  if [ "$(cat "$RLVR_HOME/.bundle-done" 2>/dev/null)" != "$want" ]; then
+    t0=$(date +%s)
+    "$PY" -m scripts.bundle install "$BUNDLE" ${RLVR_SITE:+--site "$RLVR_SITE"}
+    log "bundle installed in $(( $(date +%s) - t0 )) s"
+  else
+    log "the bundle in $BUNDLE is already installed"
+  fi
+  "$PY" -m modeling.default_model
+  log "done (offline)"
+  exit 0
+fi
+
 # --- system packages -------------------------------------------------------------
 need_apt=()
 command -v bwrap >/dev/null || need_apt+=(bubblewrap)
