@@ -187,13 +187,15 @@ class Trainer:
         return node_died_message(dead, self._step, found[0] if found else None, self.run_dir, error)
 
     def _run(self, first: int) -> Path:
-        last_step_s = 0.0
+        done = read_metrics(self.run_dir)  # a resumed run judges its first step by the killed run's last
+        last_step_s = float(done[-1].get("time_step_s", 0.0)) if done else 0.0
         for step in range(first, self.cfg.trainer.steps + 1):
             if self._out_of_time(step, last_step_s):
                 return self.run_dir
             self._step = step
             started = time.time()
             metrics = self.step(step)
+            metrics["time_step_s"] = time.time() - started
             self.metrics.log(step, metrics)
             self.tracker.log_step(step, metrics)
             self.console.step_done(step, metrics)
@@ -202,7 +204,7 @@ class Trainer:
                 if self.storage:
                     self.storage.push()
                 plot_reward_curve(self.run_dir)
-            last_step_s = time.time() - started
+            last_step_s = metrics["time_step_s"]
         plot_reward_curve(self.run_dir)
         self.tracker.close()
         self.console.final_table(self.run_dir, read_metrics(self.run_dir))

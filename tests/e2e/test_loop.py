@@ -109,3 +109,33 @@ def test_killed_run_resumes_from_its_checkpoint(tmp_path, model_path):
     assert "resumed from" in resumed.stdout
     steps = [m["step"] for m in read_metrics(run_dir)]
     assert steps == [1, 2, 3, 4], f"metrics not continuous after a kill at step {killed_at}: {steps}"
+
+
+def test_a_packed_run_continues_on_another_host_without_losing_or_repeating_a_step(tmp_path, model_path):
+    """A slice of a run stops at its time limit, travels as a pack (rlvr pack / unpack) to a
+    directory that shares nothing with the first, and continues there: steps 1..3 once each,
+    the first two exactly as the first host recorded them."""
+    first, pack, second = tmp_path / "host-a" / "run", tmp_path / "pack", tmp_path / "host-b" / "run"
+    run = subprocess.run([*RLVR, "train", str(LENGTH_CFG), f"trainer.run_dir={first}", "trainer.steps=2",
+                          "trainer.group_size=4"], capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    packed = subprocess.run([*RLVR, "pack", str(first), str(pack)], capture_output=True, text=True, timeout=300)
+    assert packed.returncode == 0, packed.stderr[-3000:]
+    from orchestrator.run_pack import resumable_members
+    members = resumable_members(first)
+    assert "checkpoints/step_000002" in members and "checkpoints/step_000001" not in members
+    assert not any(m.startswith("episodes/") for m in members)   # every step is covered by the checkpoint
+    unpacked = subprocess.run([*RLVR, "unpack", str(pack), str(second)], capture_output=True, text=True, timeout=300)
+    assert unpacked.returncode == 0, unpacked.stderr[-3000:]
+    # a slice with no time left stops before it starts a step, and says how to continue
+    stopped = subprocess.run([*RLVR, "train", "--resume", str(second), "trainer.steps=3", "--time-limit", "1"],
+                             capture_output=True, text=True, timeout=900)
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert "time limit: stopping after step 2" in stopped.stdout and f"--resume {second}" in stopped.stdout
+    resumed = subprocess.run([*RLVR, "train", "--resume", str(second), "trainer.steps=3"], capture_output=True,
+                             text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    here, there = read_metrics(first), read_metrics(second)
+    assert [m["step"] for m in there] == [1, 2, 3]
+    for a, b in zip(here, there[:2]):
+        assert a["reward_mean"] == b["reward_mean"] and a["loss"] == b["loss"]
