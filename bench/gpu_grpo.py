@@ -177,11 +177,25 @@ def child_env(**extra: str) -> dict:
             **extra}
 
 
+_RUNNING: list[subprocess.Popen] = []  # the sessions run_bounded has started and not yet seen end
+
+
+def stop_children_on_term() -> None:
+    """A bench stopped from outside (SIGTERM: its caller's deadline) stops the sessions it started
+    first: they are not in its process group, and an engine left running holds the card."""
+    def stop(signum, frame):
+        for proc in list(_RUNNING):
+            _stop_session(proc)
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, stop)
+
+
 def run_bounded(cmd: list[str], env: dict, timeout_s: float, tag: str) -> tuple[str, int, bool]:
     """Run cmd in its own session, its output echoed with `tag` and kept; past timeout_s the whole
     session is stopped (TERM, then KILL). Returns (output, exit status, timed out)."""
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace", start_new_session=True)
+    _RUNNING.append(proc)
     lines: list[str] = []
 
     def pump() -> None:
@@ -198,6 +212,8 @@ def run_bounded(cmd: list[str], env: dict, timeout_s: float, tag: str) -> tuple[
         timed_out = True
         print(f"  {tag}| -- stopped after {timeout_s:.0f} s (the run's deadline)", flush=True)
         _stop_session(proc)
+    finally:
+        _RUNNING.remove(proc)
     reader.join(timeout=10)
     return "".join(lines), proc.returncode, timed_out
 
@@ -416,6 +432,7 @@ def _median_phases(res: dict) -> dict:
 
 def gpu_main(a) -> dict:
     """Alternate the sides (a list, in order; a side named twice runs twice); returns the summary."""
+    stop_children_on_term()
     sides = a.sides.split(",")
     unknown = [s for s in sides if s not in SIDES]
     if unknown:

@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.gpu_grpo import ROOT, run_bounded
+from bench.gpu_grpo import ROOT, run_bounded, stop_children_on_term
 
 M3 = os.environ.get("M3", "/tmp/qwen2-3b")
 M4 = os.environ.get("M4", "/tmp/qwen35-4b")
@@ -133,8 +133,7 @@ def stage_tests(limit: float) -> dict:
     return {"rc": rc, "timed_out": timed_out, "wall_s": round(time.monotonic() - t0, 1), "test_budget_s": budget,
             "pytest_summary": summary[-1][0] if summary else None,
             "pytest_wall_s": float(summary[-1][1]) if summary else None,
-            "outcomes": re.findall(r"^(?:.*\| )?(tests/e2e/test_gpu\.py::\S+) (PASSED|FAILED|ERROR|SKIPPED)", text,
-                                   re.M),
+            "outcomes": re.findall(r"^(tests/\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED)", text, re.M),
             "records": records}
 
 
@@ -164,6 +163,7 @@ def _ok(name: str, rec: dict) -> bool:
 def main() -> None:
     if len(sys.argv) != 3 or sys.argv[1] not in {**STAGES, **PARTS}:
         raise SystemExit(f"usage: python -m bench.gpu_step STAGE OUT_DIR; STAGE of {', '.join([*STAGES, *PARTS])}")
+    stop_children_on_term()
     stage, out_dir = sys.argv[1], Path(sys.argv[2])
     out_dir.mkdir(parents=True, exist_ok=True)
     SCRATCH.mkdir(parents=True, exist_ok=True)

@@ -115,3 +115,24 @@ def test_each_device_call_fits_its_stages(part):
         elapsed += limit
     assert elapsed <= call_s
     assert gpu_step.stage_limit(names, 0, 0, 1e6) == gpu_step.LIMITS[names[0]][0]  # no call limit: the cap
+
+
+def test_a_bench_stopped_from_outside_stops_the_sessions_it_started(tmp_path):
+    """A stage past its limit is sent SIGTERM; the sides it runs are in sessions of their own."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    marker = tmp_path / "side.pid"
+    script = ("from bench import gpu_grpo\ngpu_grpo.stop_children_on_term()\n"
+              f"gpu_grpo.run_bounded(['bash', '-c', 'sleep 60 & echo $! > {marker}; wait'], gpu_grpo.child_env(), 60, 's')")
+    bench = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=gpu_grpo.child_env())
+    deadline = time.monotonic() + 30
+    while not (marker.is_file() and marker.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    side = int(marker.read_text())
+    os.kill(bench.pid, signal.SIGTERM)
+    assert bench.wait(timeout=30) == 128 + signal.SIGTERM
+    time.sleep(0.5)
+    assert not Path(f"/proc/{side}").exists() or "Z" in Path(f"/proc/{side}/stat").read_text().split()[2]
