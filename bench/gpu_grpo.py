@@ -25,7 +25,9 @@ Each run is a fresh process, launched as a user launches it. Per run: start-up t
 begin) with its split (ours: the start-up line's phases; both: the engine's own lines: weights,
 torch.compile, graph capture, whether the compile cache was read), the step times (one step's end
 to the next one's; steady state = the median after the first), ms per generated token of a
-steady step, the rollout's tokens/s, the card's peak memory (every process, nvidia-smi every
+steady step (the like-for-like number), the rollout phase's tokens/s (ours: generation alone; TRL:
+`_generate_and_score_completions`, its weight push, generation, rewards and old log-probs
+together), the card's peak memory (every process, nvidia-smi every
 100 ms). A side named twice runs twice: the first start of a fresh machine compiles (cold), a
 later one reads the compile cache (ours: RLVR_HOME/vllm-cache; TRL: vLLM's default cache).
 --deadline-s bounds the whole run: a side is not started without --min-side-s left and is
@@ -466,6 +468,11 @@ def gpu_main(a) -> dict:
                 runs[name].append({**res, "partial": True})
                 _write(a, meta, runs, errors)
                 continue
+        except Exception as e:  # the bench's own reading of a side broke: the sides after it still run
+            errors.append(f"{tag}: {type(e).__name__}: {e}")
+            print(f"{tag}: FAILED reading its records: {type(e).__name__}: {e}", flush=True)
+            _write(a, meta, runs, errors)
+            continue
         res["run"] = len(runs[name]) + 1
         res["phase_medians"] = _median_phases(res) if res.get("phases") else {}
         runs[name].append(res)
@@ -530,13 +537,15 @@ def _write(a, meta: dict, runs: dict, errors: list) -> dict:
 
 
 def _num(x, fmt: str) -> str:
-    return "-" if x is None else format(x, fmt)
+    """x in fmt (e.g. '6.2f'), or a dash as wide."""
+    return format("-", f">{fmt.split('.')[0]}") if x is None else format(x, fmt)
 
 
 def print_table(meta: dict, summary: dict, errors: list) -> None:
     job = meta["job"]
     print(f"\n{meta['gpu']}; {job['prompts']} prompt(s) x {job['group']} completions x exactly {job['gen_tokens']} "
-          f"tokens ({meta['tokens_per_step']} a step), prompts of {job['prompt_tokens'] or 'the length task'} tokens; "
+          f"tokens ({meta['tokens_per_step']} a step), "
+          f"{str(job['prompt_tokens']) + '-token prompts' if job['prompt_tokens'] else 'the length prompts'}; "
           f"card capped at {job['card_gib']} GiB")
     print(f"{'side':>16} | {'start-up s (compile cache)':>34} | {'step s':>6} | {'ms/token':>8} | {'tok/s':>6} | "
           f"{'card peak GiB':>13} | {'vs trl graphs':>13} | phases (median s)")

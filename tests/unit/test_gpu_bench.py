@@ -136,3 +136,46 @@ def test_a_bench_stopped_from_outside_stops_the_sessions_it_started(tmp_path):
     assert bench.wait(timeout=30) == 128 + signal.SIGTERM
     time.sleep(0.5)
     assert not Path(f"/proc/{side}").exists() or "Z" in Path(f"/proc/{side}/stat").read_text().split()[2]
+
+
+def test_a_run_keeps_every_side_it_could_and_says_why_not_the_rest(tmp_path, monkeypatch, capsys):
+    """Sides in order, one failing with the steps it made, one whose records cannot be read, one past
+    the deadline: the JSON and the table keep what ran and name what did not."""
+    import argparse
+    import os
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text('#!/bin/bash\ncase "$*" in *memory.total*) echo 81559;; *memory.used*) echo 500;;'
+                                     ' *name*) echo "Fake H100";; esac\n')
+    (fake / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    calls = []
+
+    def ours(job, left, tag):
+        calls.append((tag, left))
+        return _run(65.0, [2.0, 2.1, 2.2])
+
+    def trl(job, left, tag):
+        calls.append((tag, left))
+        raise gpu_grpo.SideFailed("trl stopped at the deadline after 2 step(s)", _run(44.0, [9.0]))
+
+    def broken(job, left, tag):
+        calls.append((tag, left))
+        time.sleep(1.0)  # the run's deadline comes closer than --min-side-s
+        raise KeyError("begin")
+
+    monkeypatch.setattr(gpu_grpo, "SIDES", {"ours-gpu": ours, "trl-gpu": trl, "trl-gpu-graphs": broken})
+    out = tmp_path / "run.json"
+    a = argparse.Namespace(sides="ours-gpu,trl-gpu,trl-gpu-graphs,ours-gpu", model=_model(tmp_path, "qwen2", 0.01),
+                           steps=4, prompts=1, group=8, gen_tokens=512, prompt_tokens=0, kv_gib=2.0, card_gib=24.0,
+                           deadline_s=100.0, min_side_s=99.5, json=str(out))
+    summary = gpu_grpo.gpu_main(a)
+    assert [c[0] for c in calls] == ["1:ours-gpu", "2:trl-gpu", "3:trl-gpu-graphs"]  # the 4th: < 99.5 s left
+    saved = json.loads(out.read_text())
+    assert saved["meta"]["gpu"] == "Fake H100" and saved["meta"]["tokens_per_step"] == 4096
+    assert saved["runs"]["trl-gpu"][0]["failed"] and summary["trl-gpu"]["steady_step_s"] == 9.0
+    assert [e.split(":")[0] for e in saved["errors"]] == ["2", "3", "4"]
+    assert "KeyError" in saved["errors"][1] and "not run" in saved["errors"][2]
+    table = capsys.readouterr().out.split("\n" + "Fake H100")[-1]
+    assert "ours-gpu" in table and "trl-gpu" in table and "not measured: 4:ours-gpu: not run" in table
