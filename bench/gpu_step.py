@@ -107,7 +107,7 @@ def stage_3b(limit: float) -> dict:
 
 
 def stage_4b_agentic(limit: float) -> dict:
-    return _bench("4b-agentic", limit, ["--model", M4, "--steps", os.environ.get("AGENTIC_STEPS", "4"),
+    return _bench("4b-agentic", limit, ["--model", M4, "--steps", os.environ.get("AGENTIC_STEPS", "3"),
                                         "--sides", os.environ.get("AGENTIC_SIDES", "ours-gpu-long"),
                                         "--prompts", "2", "--group", "4", "--prompt-tokens", "2560",
                                         "--gen-tokens", "1536", "--kv-gib", os.environ.get("AGENTIC_KV_GIB", "2.5")])
