@@ -225,11 +225,12 @@ class Policy:
         self.loop.abort(request_id)
 
     def sampling_params(self, max_tokens: int, **overrides):
-        """The run's sampling settings; per-token logprobs of the sampled tokens always on."""
+        """The run's sampling settings; per-token logprobs of the sampled tokens always on
+        (rollout.ignore_eos: the completion runs on past its end tokens to max_tokens)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
         kw = dict(n=1, temperature=self.cfg.temperature, top_p=self.cfg.top_p, max_tokens=max_tokens,
-                  logprobs=0, output_kind=RequestOutputKind.DELTA)
+                  logprobs=0, output_kind=RequestOutputKind.DELTA, ignore_eos=self.cfg.ignore_eos)
         kw.update(overrides)
         return SamplingParams(**kw)
 

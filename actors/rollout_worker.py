@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 
 from actors.engine import EngineLoop, Policy, collect_completion, configure_engine_env, scored_logprobs
 from actors.sync_cuda_ipc import WORKER_EXTENSION
@@ -215,15 +216,29 @@ class RolloutWorker:
         self._asleep = True
 
     def wake(self) -> None:
+        """Level 1: everything back as it was. Level 2 discarded the weights: in vLLM's documented
+        order, the weights' memory comes back first, the served weights are reloaded into it, and
+        only then the KV cache (so the reload's per-layer buffers never sit beside it, and the
+        scheduler, which resumes once every tag is awake, never runs on unloaded weights)."""
         if not self._asleep:
             log.info("wake: no-op (engine was not asleep)")
             return
-        self.loop.call(lambda e: e.wake_up())
-        if self.cfg.sleep_level == 2:  # level 2 discards the weights: put the served ones back
+        t0 = time.perf_counter()
+        if self.cfg.sleep_level == 2:
             source = self._weights
             kwargs = ({"weights_path": source} if isinstance(source, str)
                       else {"weights_iterator": iter(source.items())})
+            self.loop.call(lambda e: e.wake_up(tags=["weights"]))
+            t1 = time.perf_counter()
             self.loop.call(lambda e: e.collective_rpc("reload_weights", kwargs=kwargs))
+            t2 = time.perf_counter()
+            self.loop.call(lambda e: e.wake_up(tags=["kv_cache"]))
+            log.info("wake (level 2): weights' memory %.2fs, reload %.2fs (%s), KV cache %.2fs", t1 - t0, t2 - t1,
+                     source if isinstance(source, str) else f"{len(source)} tensors from memory",
+                     time.perf_counter() - t2)
+        else:
+            self.loop.call(lambda e: e.wake_up())
+            log.info("wake (level %d): %.2fs", self.cfg.sleep_level, time.perf_counter() - t0)
         self.loop.call(lambda e: e.reset_prefix_cache())
         self._asleep = False
 

@@ -1,34 +1,21 @@
 #!/bin/bash
 # The records of docs/results/gpu-step on one CUDA card, with the GPU stack importable (vLLM 0.26,
-# trl 1.16, datasets): `bash bench/gpu_step.sh STAGE [OUT_DIR]`, stages in this order:
-#   prep   the random checkpoints: ~3B Qwen2 with the default model's tokenizer (TOKENIZER=folder)
-#          in $M3, the Qwen3.5-4B shape in $M4
-#   tests  `make test-gpu` (CUDA graphs on, the config's GPU default), its log and records
-#   3b     ours vs TRL on the 3B model, alternated (python -m bench.trl_grpo --gpu)
-#   4b     ours vs the 4B recipe as it ran before (eager, LoRA adapter sync) on the 4B shape
+# trl 1.16, datasets, pytest): `bash bench/gpu_step.sh STAGE [OUT_DIR]` writes OUT_DIR/STAGE.json (every
+# stage's exit status, wall time and records, rewritten after each stage) and OUT_DIR/STAGE.log.
+# Stages (bench/gpu_step.py says what each runs and how long it may take):
+#   prep, 3b, tests, 4b-agentic, 4b    one stage
+#   part1 (prep, 3b), part2 (prep, tests), part3 (prep, 4b-agentic)
+#                                      one device call each (<= CALL_S=530 s), on the same warm machine
+#   all                                every stage but 4b, one after the other (no call limit)
+# Environment: M3, M4 (checkpoint folders, default /tmp/qwen2-3b, /tmp/qwen35-4b), TOKENIZER (prep),
+# RLVR_HOME (default /tmp/rlvr-home: vLLM's compile cache for our engines), SIDES, STEPS, GEN_TOKENS (3b),
+# AGENTIC_STEPS, AGENTIC_KV_GIB (4b-agentic), RLVR_GPU_TEST_BUDGET_S (tests), CALL_S, GIT_COMMIT.
 set -uo pipefail
-stage=$1
+stage=${1:?usage: bash bench/gpu_step.sh STAGE [OUT_DIR]}
 out=${2:-docs/results/gpu-step}
 mkdir -p "$out"
-M3=${M3:-/tmp/qwen2-3b}
-M4=${M4:-/tmp/qwen35-4b}
 export VLLM_HOST_IP=127.0.0.1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled TOKENIZERS_PARALLELISM=false
-case $stage in
-  prep)
-    python3 -m bench.trl_grpo --build-qwen2 "$M3" ${TOKENIZER:+--tokenizer "$TOKENIZER"} | tail -1 > "$out/checkpoint_3b.json"
-    python3 -m tests.fixtures.qwen35_checkpoint --shape 4b --out "$M4" --device cuda --end-token-p 0.001 | tail -1 \
-      > "$out/checkpoint_4b.json" ;;
-  tests)
-    RLVR_GPU_RESULTS="$out" make test-gpu PY=python3 ARGS="-v -rA --durations=0 -p no:cacheprovider" 2>&1 \
-      | tee "$out/test_gpu.log" ;;
-  3b)
-    python3 -m bench.trl_grpo --gpu --model "$M3" --steps "${STEPS:-6}" --rounds 1 \
-      --sides "${SIDES:-ours-gpu,trl-gpu,ours-gpu}" --budget-s "${BUDGET:-400}" --json "$out/trl_grpo_3b.json" 2>&1 \
-      | tee "$out/trl_grpo_3b.log" ;;
-  4b)
-    python3 -m bench.trl_grpo --gpu --model "$M4" --steps "${STEPS:-4}" --rounds 1 \
-      --sides "${SIDES:-ours-gpu,ours-gpu-recipe}" --budget-s "${BUDGET:-300}" --json "$out/recipe_4b.json" 2>&1 \
-      | tee "$out/recipe_4b.log" ;;
-  *) echo "unknown stage $stage (prep, tests, 3b, 4b)"; exit 2 ;;
-esac
+export RLVR_HOME=${RLVR_HOME:-/tmp/rlvr-home}
+mkdir -p "$RLVR_HOME"
+python3 -m bench.gpu_step "$stage" "$out" 2>&1 | tee "$out/$stage.log"

@@ -63,6 +63,10 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int = Field(256, ge=1, description="per model call; clamped to the context left")
+    ignore_eos: bool = Field(
+        False, description="length task: every completion runs to max_tokens, end tokens and all, so every step "
+                           "does the same work (benchmarks); the length reward still reads where the first end "
+                           "token fell. An agent's calls must end: refused with task.kind=coding")
     seed: int = Field(0, description="engine RNG seed; a client's per-request seed is ignored")
     max_num_seqs: int = Field(16, ge=1, description="sequences the engine batches at once")
     enable_prefix_caching: bool = True
@@ -189,6 +193,9 @@ class TaskConfig(Section):
                             "rest (never demonstrated: the band measures skill) or demo (the demonstrated tasks: "
                             "recall, for a policy that passes no task it was not shown)")
     max_tasks: int | None = Field(None, ge=1)
+    length_prompt_tokens: int = Field(
+        0, ge=0, description="length task: each prompt lengthened to this many tokens by a filler document before "
+                             "its question (the context shape of an agent's call, for benchmarks); 0: as written")
     levels: list[Level] | None = Field(None, description="keep only tasks of these difficulty levels "
                                        "(a task file's `level`; None keeps all)")
     band_file: str | None = Field(None, description="band.json written by `rlvr calibrate`: train only on its "
@@ -399,6 +406,17 @@ class RunConfig(Section):
             raise ValueError(
                 f"rollout.max_tokens={self.rollout.max_tokens} leaves no room for a prompt in "
                 f"rollout.max_model_len={self.rollout.max_model_len}; lower max_tokens or raise max_model_len")
+        if self.task.kind == "coding" and (self.rollout.ignore_eos or self.task.length_prompt_tokens):
+            key = "rollout.ignore_eos=true" if self.rollout.ignore_eos else "task.length_prompt_tokens"
+            raise ValueError(f"{key} applies to the length task; task.kind=coding runs an agent on real tasks, whose "
+                             f"prompts are its own and whose calls end where the model ends them: set task.kind=length "
+                             f"or leave the key out")
+        if self.task.length_prompt_tokens and \
+                self.task.length_prompt_tokens + self.rollout.max_tokens > self.rollout.max_model_len:
+            raise ValueError(
+                f"task.length_prompt_tokens={self.task.length_prompt_tokens} + rollout.max_tokens="
+                f"{self.rollout.max_tokens} do not fit rollout.max_model_len={self.rollout.max_model_len}; "
+                f"raise max_model_len or shorten one of them")
         if self.task.kind == "coding" and self.scaffold.max_episode_tokens > self.rollout.max_model_len:
             raise ValueError(
                 f"scaffold.max_episode_tokens={self.scaffold.max_episode_tokens} is larger than the "

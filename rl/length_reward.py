@@ -1,15 +1,21 @@
 """Cheap built-in verifiable rewards for closing the loop without an environment."""
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from rl.types import Completion
 
 
-def length_reward(completion: Completion, max_tokens: int) -> float:
+def length_reward(completion: Completion, max_tokens: int, end_ids: Collection[int] = ()) -> float:
     """'Push shorter completions': 1 for an immediate end, 0 for running out of tokens.
 
     Movable by any policy that can emit its end-of-turn token, so a rising mean proves the
-    served policy is the one being trained.
+    served policy is the one being trained. A completion that ran on past an end token (one of
+    `end_ids`; rollout.ignore_eos) is scored where the first one fell, as if it had stopped there.
     """
+    first_end = next((i for i, t in enumerate(completion.token_ids) if t in end_ids), None)
+    if first_end is not None:
+        return max(0.0, 1.0 - (first_end + 1) / max_tokens)
     if completion.finish_reason == "length":
         return 0.0
     return max(0.0, 1.0 - len(completion.token_ids) / max_tokens)

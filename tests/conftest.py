@@ -6,6 +6,7 @@ import pytest
 
 from actors.engine import engine_env_vars
 from rl.config import RolloutConfig
+from tests.fixtures import gpu_budget
 
 for key, value in {**engine_env_vars(RolloutConfig(), threads=1), "MKL_NUM_THREADS": "1",
                    "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled",
@@ -28,3 +29,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _gpu_test_bound(request):
+    """Every `gpu` test is bounded: past its budget (and the two minutes a test that runs in a
+    process of its own gives that process to stop) the run ends with every thread's stack."""
+    if request.node.get_closest_marker("gpu") is None or os.environ.get("RLVR_GPU_INNER"):
+        yield
+        return
+    gpu_budget.arm(gpu_budget.BUDGET_S + 120)
+    yield
+    gpu_budget.disarm()

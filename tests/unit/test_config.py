@@ -157,6 +157,9 @@ def test_on_off_choices_survive_yaml_booleans():
     (["rollout.num_gpus=0.5", "rollout.sleep_level=2", "sync.strategy=lora"], "sync.strategy=merged"),
     (["sync.strategy=lora", "rollout.guided_logprobs=rescore"], "guided_logprobs=learner"),
     (["trainer.rollout_ahead=true", "rollout.num_gpus=0.5"], "sleep_level=0"),
+    (["rollout.ignore_eos=true"], r"rollout\.ignore_eos=true applies to the length task"),
+    (["task.length_prompt_tokens=100"], r"task\.length_prompt_tokens applies to the length task"),
+    (["task.kind=length", "task.length_prompt_tokens=4000", "rollout.max_tokens=256"], "do not fit"),
 ])
 def test_known_bad_combinations_rejected(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -172,6 +175,8 @@ def test_known_bad_combinations_have_escape_hatches():
     load_config(None, ["rollout.num_gpus=1", "sync.strategy=lora", "rollout.guided_logprobs=rescore"])
     load_config(None, ["trainer.rollout_ahead=true", "rollout.num_gpus=0.5", "rollout.sleep_level=0"])
     load_config(None, ["trainer.rollout_ahead=true"])  # on CPU the engine never sleeps
+    load_config(None, ["task.kind=length", "rollout.ignore_eos=true", "task.length_prompt_tokens=3840",
+                       "rollout.max_tokens=256"])
 
 
 @pytest.mark.parametrize("argv", [["train", "trainer.stepz=3"], ["eval", "trainer.stepz=3"],
