@@ -234,8 +234,7 @@ class Trainer:
         episodes = [e for g in sampled.groups.values() for e in g]
         self.tracker.log_episodes(step, episodes, self.tokenizer.decode)
         _refuse_all_failed(step, episodes)
-        samples = self._to_samples([e for g in sampled.kept for e in sampled.train[g]])
-        stats = _episode_stats([e for g in sampled.train.values() for e in g])
+        samples = self._to_samples(sampled.trained())
         if self.cfg.trainer.rollout_ahead and step < self.cfg.trainer.steps:
             # on the weights of the previous step's sync, which the thread waits for first
             self._ahead[step + 1] = self._roll_ahead(step + 1, self._issued)
@@ -270,7 +269,7 @@ class Trainer:
         gap, gap_max = self._last_probe
         fresh = [e.record for gid, g in sampled.groups.items() if gid not in sampled.reused for e in g]
         gen_tokens = sum(r.tokens for r in fresh)
-        return {**stats, **sampled.metrics(), **{f"learner/{k}": v for k, v in learn.items()},
+        return {**sampled.metrics(), **{f"learner/{k}": v for k, v in learn.items()},
                 "loss": learn.get("loss"), "gen_tokens": gen_tokens,
                 "gen_tokens_per_s": gen_tokens / max(timings["time_rollout_s"], 1e-9),
                 "gen_tokens_mean": statistics.fmean(e.record.tokens for e in episodes),
@@ -333,25 +332,6 @@ class Trainer:
         if self.cfg.learner.beta == 0:  # zero advantage, no KL term: exactly zero gradient
             samples = [s for s in samples if s.advantage != 0]
         return samples
-
-
-def _episode_stats(episodes: list[Episode]) -> dict:
-    """Reward and behaviour of every episode the step sampled (training rewards, masked ones out)."""
-    if not episodes:
-        return {}
-    rewards = [e.reward for e in episodes]
-    records = [e.record for e in episodes]
-    stats = {"reward_mean": statistics.fmean(rewards), "reward_std": statistics.pstdev(rewards),
-             "clipped_ratio": statistics.fmean(float(r.clipped) for r in records)}
-    agentic = [r for r in records if r.agentic]
-    if agentic:
-        calls = sum(r.tool_calls for r in agentic)
-        stats["tools/failure_frequency"] = sum(r.tool_failures for r in agentic) / max(calls, 1)
-        stats["frac_edited"] = statistics.fmean(float(bool(r.edited)) for r in agentic)
-        stats["turns_mean"] = statistics.fmean(r.turns for r in agentic)
-        stats["reward/flagged_episodes"] = sum(bool(r.reward_flags) for r in agentic)
-        stats["tools/unparsed_calls"] = sum(r.unparsed_tool_calls or 0 for r in agentic)
-    return stats
 
 
 def _refuse_all_failed(step: int, episodes: list[Episode]) -> None:

@@ -12,8 +12,8 @@ what the demonstration started.
 k starts at the demonstration's calls before its fixing edit (the fix is always left to the
 policy: a prefix holding it would pass every episode and tie again) and shrinks by one each
 time a rescued group of that task passes at `shrink_at` or more, until the task is met with
-no help. The schedule is read back from the stored episodes, so a resumed run rescues as the
-killed one would have.
+no help. The schedule is read back from the episode store's group index, so a resumed run
+rescues as the killed one would have.
 
 The demonstrations are built like the warm-start's (scaffolds/demos.py, the direct variant)
 for training tasks only, once per task, cached in `<run_dir>/rescue/demos.jsonl`.
@@ -25,7 +25,6 @@ import threading
 from pathlib import Path
 
 from envs.tasks import Task
-from orchestrator.episode_store import EpisodeStore
 from rl.config import RunConfig
 from rl.jsonl import append_durable, read_complete
 from rl.types import Prefix
@@ -38,18 +37,6 @@ def prefix_calls_now(max_calls: int, rescued_pass_rates: list[float], shrink_at:
     """The prefix length for a task's next rescue: max_calls, one less for every earlier
     rescued group of that task that passed at shrink_at or more (0: no more help)."""
     return max(0, max_calls - sum(p >= shrink_at for p in rescued_pass_rates))
-
-
-def rescue_history(store: EpisodeStore, step: int) -> dict[str, list[float]]:
-    """Per task, the pass rates of its rescued groups in the steps before `step`, in order."""
-    history: dict[str, list[float]] = {}
-    for s in range(1, step):
-        for episodes in store.load_groups(s).values():
-            first = episodes[0].record
-            if first.prefix_calls:
-                history.setdefault(first.task, []).append(
-                    sum(e.reward >= 1.0 for e in episodes) / len(episodes))
-    return history
 
 
 def fixing_call(messages: list[dict]) -> int:

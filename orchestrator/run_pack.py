@@ -4,7 +4,8 @@ its next job, on a fresh host, continues it).
 
 What travels is what resuming needs and what the run recorded: the config, split and band,
 the metrics, trace and plots, the latest complete checkpoint (learner state, RNG), the episodes
-of a step that was under way (a resumed step reuses its finished groups), calibration and
+of a step that was under way (a resumed step reuses its finished groups) and the index of every
+group sampled (the rescue schedule reads it), calibration and
 evaluation records, the actors' logs. What does not: older checkpoints, the episodes of steps a
 checkpoint already covers (their records are in the trace), and scratch (`SCRATCH`).
 
@@ -17,6 +18,7 @@ import shutil
 from pathlib import Path
 
 from orchestrator.checkpoint import SCRATCH, checkpoints_dir, latest_checkpoint
+from orchestrator.episode_store import INDEX
 from rl.chunked import MIB, extract_chunked, read_manifest, write_chunked
 
 NAME = "run"
@@ -35,6 +37,8 @@ def resumable_members(run_dir: Path) -> dict[str, Path]:
                 members[f"checkpoints/{found[1].name}"] = found[1]
         elif entry.name == "episodes" and entry.is_dir():
             covered = found[0] if found else 0
+            if (entry / INDEX).is_file():   # every group's summary: what later steps read of earlier ones
+                members[f"episodes/{INDEX}"] = entry / INDEX
             for f in sorted(entry.glob("step_*.jsonl")):
                 if int(f.stem.split("_")[1]) > covered:
                     members[f"episodes/{f.name}"] = f

@@ -18,7 +18,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from orchestrator.episode_store import EpisodeStore
-from orchestrator.rescue import prefix_calls_now, rescue_history
+from orchestrator.rescue import prefix_calls_now
 from orchestrator.rollouts.base import Episode, GroupSpec, Rollouts
 from rl.advantages import group_ties, shape_reward
 from rl.config import RunConfig
@@ -69,7 +69,16 @@ class StepGroups:
     reused: set[str] = field(default_factory=set)  # finished by a killed run, not rolled out now
     rescued: set[str] = field(default_factory=set)  # started from a demonstration's first calls
 
+    def trained(self) -> list[Episode]:
+        """The kept groups' episodes, as training sees them: what the update learns from."""
+        return [e for g in self.kept for e in self.train[g]]
+
     def metrics(self) -> dict:
+        """The step's sampling decisions, and the reward and behaviour of every episode it sampled
+        (training rewards, masked episodes out)."""
+        return {**self._sampling_metrics(), **episode_stats([e for g in self.train.values() for e in g])}
+
+    def _sampling_metrics(self) -> dict:
         sampled = list(self.groups)
         tied = [g for g in sampled if ties(self.train[g], self.tol)]
         base_eps = [e for g in self.base for e in self.groups[g]]
@@ -147,14 +156,37 @@ def all_failed(group: list[Episode]) -> bool:
 def rescue_specs(step: int, failed: list[GroupSpec], rollouts: Rollouts, store: EpisodeStore,
                  cfg: RunConfig) -> list[GroupSpec]:
     """Rescue groups for the step's all-fail groups (trainer.rescue): the same task from the
-    first k calls of its demonstration, k by the task's rescue history (orchestrator/rescue.py)."""
+    first k calls of its demonstration, k by the pass rates of that task's earlier rescued
+    groups (orchestrator/rescue.py), read from the store's group index."""
     rc = cfg.trainer.rescue
     if not rc.enabled or not failed:
         return []
-    history = rescue_history(store, step)
+    history: dict[str, list[float]] = {}
+    for g in store.summaries_before(step):
+        if g.prefix_calls:
+            history.setdefault(g.task, []).append(g.pass_rate)
     specs = []
     for s in failed:
         k = prefix_calls_now(rollouts.rescue_calls(s.index), history.get(rollouts.names[s.index], []), rc.shrink_at)
         if k > 0 and len(specs) < rc.max_groups:
             specs.append(GroupSpec(f"{s.group_id}-rescue{k}", s.index, prefix_calls=k))
     return specs
+
+
+def episode_stats(episodes: list[Episode]) -> dict:
+    """Reward and behaviour of a step's episodes."""
+    if not episodes:
+        return {}
+    rewards = [e.reward for e in episodes]
+    records = [e.record for e in episodes]
+    stats = {"reward_mean": statistics.fmean(rewards), "reward_std": statistics.pstdev(rewards),
+             "clipped_ratio": statistics.fmean(float(r.clipped) for r in records)}
+    agentic = [r for r in records if r.agentic]
+    if agentic:
+        calls = sum(r.tool_calls for r in agentic)
+        stats["tools/failure_frequency"] = sum(r.tool_failures for r in agentic) / max(calls, 1)
+        stats["frac_edited"] = statistics.fmean(float(bool(r.edited)) for r in agentic)
+        stats["turns_mean"] = statistics.fmean(r.turns for r in agentic)
+        stats["reward/flagged_episodes"] = sum(bool(r.reward_flags) for r in agentic)
+        stats["tools/unparsed_calls"] = sum(r.unparsed_tool_calls or 0 for r in agentic)
+    return stats
