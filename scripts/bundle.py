@@ -195,17 +195,17 @@ def _replace(src: Path, dest: Path) -> None:
     shutil.move(str(src), str(dest))
 
 
-def _on_path(binary: str, target: Path) -> None:
-    """node and bwrap are found by PATH (the sandbox and pi's launcher look them up): link them into
-    /usr/local/bin where none is there yet."""
+def _on_path(binary: str, source: Path) -> None:
+    """node and bwrap are found by PATH, and node also runs inside the sandbox, which binds /usr but
+    not RLVR_HOME: where none is on the PATH yet, the binary is copied (not linked) into /usr/local/bin."""
     if shutil.which(binary):
         return
-    link = Path("/usr/local/bin") / binary
-    if os.access(link.parent, os.W_OK):
-        link.unlink(missing_ok=True)
-        link.symlink_to(target)
+    dest = Path("/usr/local/bin") / binary
+    if os.access(dest.parent, os.W_OK):
+        shutil.copy2(source, dest)
+        os.chmod(dest, 0o755)
     else:
-        log(f"{binary} is not on PATH: add {target.parent} to PATH")
+        log(f"{binary} is not on PATH: copy {source} into a folder under /usr that is on PATH")
 
 
 def install_sandbox_python(home: Path, python: str, lock: Path) -> Path:
