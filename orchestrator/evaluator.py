@@ -16,6 +16,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from envs.tasks import Task
+from orchestrator.env_slots import EnvSlots
 from orchestrator.eval_report import RECORDS_FILE, append_record, load_records, record_key, write_report
 from rl.config import RunConfig
 from scaffolds.episode import EpisodeSettings, run_episode, safe_id
@@ -69,9 +70,9 @@ class Evaluator:
         parallel = max(1, min(e.parallel or slots, slots))
         with ThreadPoolExecutor(max_workers=parallel) as pool:
             settings = replace(EpisodeSettings.for_eval(self.cfg), model_id=model_id)
-            futures = [pool.submit(self._episode, task, sample, base_url, settings,
-                                   env_actors[i % len(env_actors)], worker)
-                       for i, (task, sample) in enumerate(todo)]
+            env_slots = EnvSlots(env_actors, self.cfg.env.pool_size)
+            futures = [pool.submit(self._episode, task, sample, base_url, settings, env_slots, worker)
+                       for task, sample in todo]
             for f in futures:
                 f.result()  # an infrastructure failure surfaces; finished records are already on disk
         return self.report(model_id)
@@ -83,11 +84,12 @@ class Evaluator:
     def keep(self, run, record: dict) -> None:
         """What a subclass keeps of a finished episode besides its record (the harvest: rows)."""
 
-    def _episode(self, task: Task, sample: int, base_url: str, settings: EpisodeSettings, env_actor,
+    def _episode(self, task: Task, sample: int, base_url: str, settings: EpisodeSettings, env_slots: EnvSlots,
                  worker) -> dict:
         episode_id = f"eval-{self.attempt}-{uuid.uuid4().hex[:8]}"
         events = self.out / "events" / f"{safe_id(task.id)}-s{sample}.jsonl"
-        run = run_episode(env_actor, worker, task, episode_id, base_url, settings, events_path=events)
+        with env_slots.take() as env_actor:
+            run = run_episode(env_actor, worker, task, episode_id, base_url, settings, events_path=events)
         record = {**asdict(run.record), "sample": sample, "attempt": self.attempt, "scaffold": settings.scaffold,
                   "model": settings.model_id, "finished_at": time.time()}
         self.keep(run, record)

@@ -13,6 +13,7 @@ import ray
 
 from envs.split import select_tasks
 from orchestrator.cluster import Placement, alive_nodes, spawn_env_actors
+from orchestrator.env_slots import EnvSlots
 from orchestrator.rescue import RescueDemos
 from orchestrator.rollouts.base import Episode, GroupSpec, step_group_specs
 from rl.config import RunConfig
@@ -32,6 +33,7 @@ class AgenticRollouts:
         self.names = [t.id for t in self.train_tasks]
         self.settings = EpisodeSettings.for_training(cfg)
         self.env_actors = spawn_env_actors(cfg, placement, self.train_tasks)
+        self.env_slots = EnvSlots(self.env_actors, cfg.env.pool_size)
         self.rescue = RescueDemos(cfg, run_dir) if cfg.trainer.rescue.enabled else None
         self.server_urls = ray.get(servers)
         self._counter = itertools.count()
@@ -71,10 +73,10 @@ class AgenticRollouts:
         with self._counter_lock:
             n = next(self._counter)
         worker = n % len(self.workers)
-        env = self.env_actors[n % len(self.env_actors)]
         prefix = self.rescue.prefix(task, prefix_calls) if prefix_calls else None
-        run = run_episode(env, self.workers[worker], task, episode_id, self.server_urls[worker], self.settings,
-                          prefix=prefix)
+        with self.env_slots.take() as env:
+            run = run_episode(env, self.workers[worker], task, episode_id, self.server_urls[worker], self.settings,
+                              prefix=prefix)
         episode = Episode(group_id=group_id, reward=run.record.reward, sequences=run.sequences, record=run.record)
         if on_done is not None:
             on_done(episode)
