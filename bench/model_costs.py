@@ -25,7 +25,8 @@ PROMPT_TOKENS, TRAIN_TOKENS, TRAINED = 2000, 2048, 256
 
 
 def model_folder(arg: str) -> str:
-    from modeling.default_model import convert_gguf, resolve_model_path
+    from modeling.default_model import resolve_model_path
+    from modeling.gguf import convert_gguf
     if arg.endswith(".gguf"):
         gguf = Path(arg).resolve()
         out = gguf.with_suffix(".hf")

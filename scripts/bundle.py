@@ -10,7 +10,9 @@ with the same C library generation), pi's locked node_modules tree (as `npm ci` 
 from scripts/pi/package-lock.json), wheels of the sandbox lock and of every task file's test
 dependencies for the target Python, pip itself, the task files' sdists (each checked against
 the digest its task records), the default model's GGUF, and the project's own pure-Python
-needs that a GPU image lacks (gguf). Not the Python stack of the project (vLLM, torch): a GPU
+needs that a GPU image lacks (gguf). `--model NAME` (opt-in, repeatable) adds a pinned coder
+model's joined GGUF (modeling/pinned_models.py; 1.1 GB for qwen2.5-coder-1.5b): the host
+converts it on first use, after checking it against its pin again. Not the Python stack of the project (vLLM, torch): a GPU
 host brings its own.
 
 `install` verifies every chunk's sha256 before it unpacks anything (a damaged chunk is named
@@ -125,6 +127,7 @@ def _installed_version(dist: str) -> str:
 def cmd_write(args) -> None:
     """Gather the parts into a staging folder, then archive it as chunks in DIR."""
     from modeling.default_model import gguf_path  # the model's GGUF, as the set-up fetched it
+    from modeling.pinned_models import PINNED, PinError, fetch_gguf
 
     t0 = time.time()
     out = Path(args.dir).resolve()
@@ -140,8 +143,15 @@ def cmd_write(args) -> None:
     gguf = gguf_path()
     if not gguf.is_file():
         problems.append(f"the default model's GGUF {gguf} is missing")
+    unknown = [m for m in args.model if m not in PINNED]
+    if unknown:
+        problems.append(f"--model {', '.join(unknown)}: not a pinned model (one of {', '.join(PINNED)})")
     if problems:
         raise SystemExit("cannot write the bundle: " + "; ".join(problems) + " (run scripts/setup.sh first)")
+    try:
+        models = {m: fetch_gguf(PINNED[m]) for m in args.model}   # checked against its pin; fetched if missing
+    except PinError as e:
+        raise SystemExit(f"cannot write the bundle: {e}") from None
     files = task_files(args.tasks)
     sdists, test_pins = tasks_needs(files)
     with tempfile.TemporaryDirectory(prefix="rlvr-bundle-") as tmp:
@@ -160,10 +170,11 @@ def cmd_write(args) -> None:
         shutil.copyfile(SANDBOX_LOCK, stage / "locks" / "sandbox.lock")
         members = {"bin/bwrap": Path(bwrap), "bin/node": Path(os.path.realpath(node)), "pi": pi_dir,
                    "wheels": stage / "wheels", "project-wheels": stage / "project-wheels",
-                   "sdists": stage / "sdists", f"gguf/{gguf.name}": gguf, "locks": stage / "locks"}
+                   "sdists": stage / "sdists", f"gguf/{gguf.name}": gguf, "locks": stage / "locks",
+                   **{f"gguf/{path.name}": path for path in models.values()}}
         meta = {"python": args.python, "machine": platform.machine(), "pi_lock_sha256": _sha256(PI_LOCK),
                 "sandbox_lock_sha256": _sha256(SANDBOX_LOCK), "task_files": [str(f.relative_to(ROOT)) for f in files],
-                "test_pins": test_pins, "sdists": sorted(sdists)}
+                "test_pins": test_pins, "sdists": sorted(sdists), "models": sorted(models)}
         log(f"archiving into {out} (chunks of at most {args.chunk_mib} MiB)")
         manifest = write_chunked(members, out, NAME, args.chunk_mib * MIB, meta, preset=args.preset)
     total = sum(c["bytes"] for c in manifest["chunks"])
@@ -274,7 +285,8 @@ def cmd_install(args) -> None:
     subprocess.run(["chmod", "-R", "a+rX", str(home)], check=True)
     (home / STAMP).write_text(_sha256(src / f"{NAME}.manifest.json") + "\n")   # setup.sh --offline: done
     log(f"installed into {home} and {paths.cache_dir()} in {time.time() - t0:.0f} s "
-        f"(pi, node, bwrap, sandbox Python {meta['python']}, {len(meta['sdists'])} sdists, the default model's GGUF)")
+        f"(pi, node, bwrap, sandbox Python {meta['python']}, {len(meta['sdists'])} sdists, the default model's GGUF"
+        + "".join(f", {m}'s GGUF" for m in meta.get("models", [])) + ")")
 
 
 def main() -> None:
@@ -287,6 +299,8 @@ def main() -> None:
     w.add_argument("--preset", type=int, default=6, choices=range(10), metavar="0-9",
                    help="xz preset (default 6; 0 writes ~5x faster, ~15%% larger)")
     w.add_argument("--tasks", nargs="+", default=["configs/tasks/*.jsonl"], help="task files whose sdists to carry")
+    w.add_argument("--model", action="append", default=[], metavar="NAME",
+                   help="also carry this pinned model's joined GGUF (e.g. qwen2.5-coder-1.5b, 1.1 GB; repeatable)")
     i = sub.add_parser("install", help="install a bundle folder (the host without registries)")
     i.add_argument("dir")
     i.add_argument("--python", help="interpreter for the sandbox venv (default: python<bundle version>)")
