@@ -6,9 +6,13 @@ measures a tree before and after a change side by side.
     python -m bench.reward_checks tamper [--task frequencies|merge ...] [--uid N] [--json out.json]
     python -m bench.reward_checks latency [--tasks configs/tasks/toolz.jsonl] [--per-level N] [--json out.json]
     python -m bench.reward_checks audit [--tasks FILE ...] [--uid N] [--out DIR] [--only ID ...]
+    python -m bench.reward_checks gate [--tasks FILE ...] [--uid N] [--json out.json]
 
 `audit` appends one record per task to DIR/audit.jsonl as it goes (a killed run resumes where
 it stopped; --only re-scores the named tasks), then writes DIR/audit.json and DIR/audit.md.
+`gate` is the differential gate alone (envs/gate.py) over task files (default skill.jsonl and the
+toolz files): per task its recorded and perturbed inputs, the original body against the original
+(a fresh process each: must match on every input) and the stub or mutant against it (must not).
 """
 from __future__ import annotations
 
@@ -166,9 +170,77 @@ def audit(task_files: list[str], uid: int, out_dir: Path, only: list[str] | None
     return summary
 
 
+GATE_FILES = ("skill.jsonl", "toolz.jsonl", "toolz-levels.jsonl", "toolz-mutation.jsonl")
+
+
+def gate(task_files: list[str], uid: int = UID) -> dict:
+    """The gate's coverage and its verdicts on the original body and on the stub, per task."""
+    import shutil
+    import uuid
+
+    from envs.coding_env import pristine_for
+    from envs.gate import coverage, gate_calls, link_tree, run_gate
+    from envs.sandbox import Limits, Sandbox
+    from tests.fixtures.env import WORK_ROOT
+    root = Path(WORK_ROOT)
+    root.mkdir(parents=True, exist_ok=True)
+    files: dict[str, dict] = {}
+    per_task: list[dict] = []
+    originals: dict[str, object] = {}   # function -> the original's run (the same inputs for every level)
+    start = time.monotonic()
+    for path in task_files:
+        tasks = load_tasks(path)
+        files[Path(path).name] = coverage(tasks)
+        for task in tasks:
+            calls = gate_calls(task)
+            rec = {"file": Path(path).name, "task": task.id, "level": task.level,
+                   "recorded": len(task.gate.get("calls", [])), "perturbed": len(task.gate.get("perturbed", [])),
+                   "note": task.gate.get("note", "not annotated")}
+            if calls:
+                pristine = pristine_for(task)
+                stub_tree = root / f"gate-bench-{uuid.uuid4().hex[:8]}"
+                link_tree(pristine, stub_tree)
+                module = stub_tree / task.module_path
+                module.unlink()   # a link to the pristine file: replaced, never written through
+                module.write_text(task.stubbed_source((pristine / task.module_path).read_text()))
+                try:
+                    sb = Sandbox(stub_tree, uid=uid, limits=Limits(), workdir_readonly=True)
+                    from envs.gate import compare
+                    if task.function_key not in originals:
+                        orig_tree = root / f"gate-bench-{uuid.uuid4().hex[:8]}"
+                        link_tree(pristine, orig_tree)
+                        try:
+                            osb = Sandbox(orig_tree, uid=uid, limits=Limits(), workdir_readonly=True)
+                            first = run_gate(osb, orig_tree, task.module_path, task.qualname, calls, 60)
+                            again = run_gate(osb, orig_tree, task.module_path, task.qualname, calls, 60)
+                        finally:
+                            shutil.rmtree(orig_tree)
+                        originals[task.function_key] = (first, compare(first, again, len(calls), rec["recorded"]))
+                    first, same = originals[task.function_key]
+                    stub = compare(first, run_gate(sb, stub_tree, task.module_path, task.qualname, calls, 60),
+                                   len(calls), rec["recorded"])
+                finally:
+                    shutil.rmtree(stub_tree)
+                rec.update(original_fraction=same.fraction, stub_fraction=stub.fraction,
+                           original_passes=same.fraction == 1.0 and same.error is None, stub_fails=stub.fraction < 1.0,
+                           stub_mismatch=stub.mismatches[:1])
+                print(f"{'ok ' if rec['original_passes'] and rec['stub_fails'] else 'BAD'} {rec['recorded']:2d} "
+                      f"{rec['perturbed']:2d} original {same.fraction:.2f} stub {stub.fraction:.2f}  {task.id}", flush=True)
+            per_task.append(rec)
+    gated = [r for r in per_task if "original_passes" in r]
+    summary = {"files": files, "tasks": len(per_task), "with_inputs": len(gated),
+               "original_passes": sum(r["original_passes"] for r in gated),
+               "stub_fails": sum(r["stub_fails"] for r in gated),
+               "stub_passes": [r["task"] for r in gated if not r["stub_fails"]],
+               "original_fails": [r["task"] for r in gated if not r["original_passes"]],
+               "seconds": round(time.monotonic() - start, 1)}
+    print(json.dumps(summary, indent=1))
+    return {"summary": summary, "per_task": per_task}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["tamper", "latency", "audit"])
+    ap.add_argument("what", choices=["tamper", "latency", "audit", "gate"])
     ap.add_argument("--tasks", nargs="+", default=None,
                     help="latency: one file (default toolz.jsonl); audit: files (default every shipped one)")
     ap.add_argument("--uid", type=int, default=UID, help="sandbox uid (a value no concurrent run uses)")
@@ -182,8 +254,11 @@ def main() -> None:
     if args.what == "audit":
         audit(args.tasks or sorted(map(str, SHIPPED_TASKS.glob("*.jsonl"))), args.uid, Path(args.out), args.only)
         return
-    result = (tamper(args.uid, tuple(args.task)) if args.what == "tamper" else
-              latency((args.tasks or [str(SHIPPED_TOOLZ)])[0], args.per_level, args.uid))
+    if args.what == "gate":
+        result = gate(args.tasks or [str(SHIPPED_TASKS / f) for f in GATE_FILES], args.uid)
+    else:
+        result = (tamper(args.uid, tuple(args.task)) if args.what == "tamper" else
+                  latency((args.tasks or [str(SHIPPED_TOOLZ)])[0], args.per_level, args.uid))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     if args.what == "tamper" and any((r["kind"] == "attack" and r["reward"] >= 1.0) or
