@@ -17,11 +17,20 @@ write to any file descriptor. What this plugin makes sure of:
     that never run the target share a runner (one fork for most of a suite).
   * A test passes only if its lines say so: the runner wraps the test's call and writes the
     raw outcome (the exception the test raised, before any pytest hook or report sees it) at
-    once, as fixed bytes, through builtins bound before any test ran; the worst line for a
-    phase wins and a missing line is a failure. A test the target ran in must also end its
-    runner through the runner's own exit with status 0 (os._exit is refused to the target); a
-    runner killed, stopped or past its deadline fails its test. Forged extra lines therefore
-    cannot raise an outcome, and a different file on the pipe's descriptor is noticed.
+    once. The target shares the runner's process, and reaches its module through
+    `sys.modules` (no audit event covers that, or a closure cell's write), so what decides
+    holds no state it could rewrite: the line texts are constants of the writing code (no
+    table), every value the writer, the guarded call, the exit and thread guards and the audit
+    hook decide with is a default argument or a local of a frame the target cannot reach,
+    bound before any test ran, and the tables are frozen. The reporter holds the lines to the
+    runner's: each phase once and in order, report lines only for failures, nothing the runner
+    does not write (else the run is tampered); the worst line for a phase wins and a missing
+    one is a failure. A test the target ran in must end its runner through the runner's own
+    exit with status 0 (os._exit is refused to the target), after the runner's check of its
+    process (the test, pytest's modules, this module and its classes, the reporter's
+    attributes, builtins and os: any name rebound is tampering) and its `checked` line; a
+    runner killed, stopped or past its deadline fails its test. Forged lines cannot raise an
+    outcome, and a different file on the pipe's descriptor is noticed.
   * If the target runs in the reporter (while tests are collected, or from a conftest hook)
     the run is tampered; after collection the tested name must resolve to the edited code.
   * In a runner an audit hook (PEP 578, installed before the package is imported) refuses the
@@ -30,10 +39,13 @@ write to any file descriptor. What this plugin makes sure of:
     compile/exec, tracing, processes, signals and reading test sources; the threads it
     starts are refused (3.11 has no audit event for them).
 What remains possible: a target that makes its own test pass by means no audit event covers
--- a return value whose comparison lies, or rebinding the runner's names through closure
-cells, module dicts or `sys.modules` before the test's assertion fails -- is left to the
-static screen (envs/screen.py), which refuses those constructs by what they resolve to, not
-by how they are spelled. Such a lie still reaches only the tests the target runs in.
+-- a return value whose comparison lies, a mutable object the runner's code reads through a
+default argument changed in place, a body fitted to the tests' inputs -- is left to the static
+screen (envs/screen.py), which refuses the constructs by what they resolve to, not by how they
+are spelled, and, for tasks with recorded inputs, to the differential gate (envs/gate.py),
+which runs the candidate and the original in other processes and compares their results as
+data: nothing this process holds can reach that verdict. A lie here still reaches only the
+tests the target runs in.
 """
 from __future__ import annotations
 
