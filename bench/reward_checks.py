@@ -118,9 +118,11 @@ def _score(task, uid: int, body: str | None) -> dict:
         t0 = time.monotonic()
         r = env.reward()
         reward_s = time.monotonic() - t0
+    gate = r.parts.get("gate") or {}
     return {"reward": r.reward, "error": r.error, "flags": r.flags, "reward_s": round(reward_s, 3),
             "wall_s": round(time.monotonic() - start, 3), "f2p_passed": r.parts.get("f2p_passed"),
-            "p2p_failed": r.parts.get("p2p_failed"), "pytest_s": r.parts.get("pytest_seconds")}
+            "p2p_failed": r.parts.get("p2p_failed"), "pytest_s": r.parts.get("pytest_seconds"),
+            "gate_inputs": gate.get("inputs", 0), "gate_fraction": gate.get("fraction")}
 
 
 def _stub_edited(task) -> str:
@@ -159,7 +161,11 @@ def audit(task_files: list[str], uid: int, out_dir: Path, only: list[str] | None
                "reward_s_median": statistics.median(secs) if secs else None,
                "reward_s_p90": secs[min(len(secs) - 1, int(0.9 * len(secs)))] if secs else None,
                "by_file": {p.name: sum(r["file"] == p.name and r["ok"] for r in recs) for p in map(Path, task_files)},
-               "bad": [r["task"] for r in recs if not r["ok"]]}
+               "bad": [r["task"] for r in recs if not r["ok"]],
+               # the differential gate: tasks with inputs, the original passing it, the stub run failing it
+               "gate_tasks": sum(r["original"].get("gate_inputs", 0) > 0 for r in recs),
+               "gate_original_passes": sum(r["original"].get("gate_fraction") == 1.0 for r in recs),
+               "gate_stub_run_fails": sum((r["stub_run"].get("gate_fraction") or 1.0) < 1.0 for r in recs)}
     (out_dir / "audit.json").write_text(json.dumps({"summary": summary, "per_task": recs}, indent=1))
     rows = ["| file | task | level | original | reward s | stub | stub run | error |", "|---|---|---|---|---|---|---|---|"]
     rows += [f"| {r['file']} | `{r['task'].split(':', 1)[1]}` | {r['level']} | {r['original']['reward']:.2f} | "
@@ -179,7 +185,7 @@ def gate(task_files: list[str], uid: int = UID) -> dict:
     import uuid
 
     from envs.coding_env import pristine_for
-    from envs.gate import coverage, gate_calls, link_tree, run_gate
+    from envs.gate import compare, coverage, gate_calls, link_tree, replace_module, run_gate
     from envs.sandbox import Limits, Sandbox
     from tests.fixtures.env import WORK_ROOT
     root = Path(WORK_ROOT)
@@ -200,12 +206,9 @@ def gate(task_files: list[str], uid: int = UID) -> dict:
                 pristine = pristine_for(task)
                 stub_tree = root / f"gate-bench-{uuid.uuid4().hex[:8]}"
                 link_tree(pristine, stub_tree)
-                module = stub_tree / task.module_path
-                module.unlink()   # a link to the pristine file: replaced, never written through
-                module.write_text(task.stubbed_source((pristine / task.module_path).read_text()))
+                replace_module(stub_tree, task.module_path, task.stubbed_source((pristine / task.module_path).read_text()))
                 try:
                     sb = Sandbox(stub_tree, uid=uid, limits=Limits(), workdir_readonly=True)
-                    from envs.gate import compare
                     if task.function_key not in originals:
                         orig_tree = root / f"gate-bench-{uuid.uuid4().hex[:8]}"
                         link_tree(pristine, orig_tree)

@@ -22,6 +22,7 @@ candidate's results are the original's): 1.0 needs both.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -29,6 +30,7 @@ import random
 import shutil
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -111,7 +113,7 @@ def run_gate(sandbox: Sandbox, tree: Path, module_path: str, qualname: str, call
     env = {"PYTHONHASHSEED": str(hash_seed), "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": INSIDE_GATE,
            "RLVR_GATE_IN": str(req_fd), "RLVR_GATE_OUT": str(write_fd)}
     try:
-        res = sandbox.run_argv(["python", "-B", f"{INSIDE_GATE}/rlvr_gate.py"], timeout_s, env=env,
+        res = sandbox.run_argv(["python", "-B", "-S", f"{INSIDE_GATE}/rlvr_gate.py"], timeout_s, env=env,
                                pass_fds=(req_fd, write_fd), extra_ro_binds=[(str(GATE_DIR), INSIDE_GATE)])
     finally:
         os.close(write_fd)
@@ -142,13 +144,24 @@ def run_gate(sandbox: Sandbox, tree: Path, module_path: str, qualname: str, call
 
 def link_tree(src: Path, dest: Path) -> None:
     """A copy of a pristine tree for the original's side, hard-linked where the file system allows
-    (the files are root's and read-only to the sandbox either way)."""
+    (the files are root's and read-only to the sandbox either way), its bytecode kept (the
+    original's own: no sandbox of the candidate ever sees this tree). A file to change in it
+    is replaced (unlinked first), never written through."""
     def link(s, d):
         try:
             os.link(s, d)
         except OSError:   # another file system: a copy is the same tree
             shutil.copy2(s, d)
-    shutil.copytree(src, dest, symlinks=True, copy_function=link, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(src, dest, symlinks=True, copy_function=link)
+
+
+def replace_module(tree: Path, module_path: str, text: str) -> None:
+    """Put `text` in a linked tree's module: a new file (the pristine one untouched), its bytecode gone."""
+    module = tree / module_path
+    module.unlink()
+    module.write_text(text)
+    for pyc in (module.parent / "__pycache__").glob(f"{module.stem}.*.pyc"):
+        pyc.unlink()
 
 
 # --- comparing the two sides -------------------------------------------------------------
@@ -159,16 +172,18 @@ class Verdict:
     matched: int = 0
     mismatches: list[dict] = field(default_factory=list)   # the first few: input, kind, both records
     error: str | None = None     # the original's side failed: nothing matched (fail closed)
-    seconds: float = 0.0
+    seconds: float = 0.0         # the longer side's process (the candidate's when the original's was reused)
+    original_reused: bool = False
 
     @property
     def fraction(self) -> float:
         return self.matched / self.inputs if self.inputs else 1.0
 
     def summary(self) -> dict:
+        shown = [{k: v[:300] if isinstance(v, str) else v for k, v in m.items()} for m in self.mismatches[:3]]
         return {"inputs": self.inputs, "recorded": self.recorded, "matched": self.matched,
-                "fraction": round(self.fraction, 4), "mismatches": self.mismatches[:3], "error": self.error,
-                "seconds": round(self.seconds, 3)}
+                "fraction": round(self.fraction, 4), "mismatches": shown, "error": self.error,
+                "seconds": round(self.seconds, 3), "original_reused": self.original_reused}
 
     def why(self) -> str:
         if self.error:
@@ -194,26 +209,96 @@ def compare(original: GateRun, candidate: GateRun, inputs: int, recorded: int) -
     return v
 
 
-class GateJob:
-    """Both sides of one task's gate in threads, started next to the test run (each side its own
-    uid: no process of the test run can reach them). `wait()` gives the verdict."""
+class _Original:
+    """One original's run on one task's inputs, shared by every reward that needs it."""
 
-    def __init__(self, task: Task, candidate_tree: Path, original_tree: Path, uid: int, limits: Limits,
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.run: GateRun | None = None
+
+
+_ORIGINALS: dict[tuple[str, str, str], _Original] = {}   # (sdist, function, inputs digest) -> its run
+_ORIGINALS_LOCK = threading.Lock()
+MAX_MEMO = 1024
+
+
+def original_run(task: Task, pristine: Path, scratch: Path, uid: int, limits: Limits, timeout_s: float,
+                 site_overlay: Path | None = None) -> tuple[GateRun, bool]:
+    """(the original's run on the task's gate inputs, whether it was there already). It runs once
+    per host process and inputs, in a sandbox of uid + UID_SHIFT on a linked copy of the
+    pristine tree: its results are the same for every episode of the task (the miner kept only
+    inputs it answers the same way twice), so a finished run is kept; a caller that finds it
+    running waits for it; a failed one is run again by the next caller."""
+    calls = gate_calls(task)
+    key = (task.sdist_sha256, task.function_key, hashlib.sha256(json.dumps(calls, sort_keys=True).encode()).hexdigest())
+    while True:
+        with _ORIGINALS_LOCK:
+            entry = _ORIGINALS.get(key)
+            mine = entry is None
+            if mine:
+                if len(_ORIGINALS) >= MAX_MEMO:
+                    _ORIGINALS.pop(next(iter(_ORIGINALS)))
+                entry = _ORIGINALS[key] = _Original()
+        if mine:
+            break
+        entry.done.wait()
+        if entry.run is not None and entry.run.finished:
+            return entry.run, True
+    tree = scratch / f"gate-original-{uuid.uuid4().hex[:8]}"
+    run = GateRun(error="the original's side did not run")
+    try:
+        link_tree(pristine, tree)
+        sb = Sandbox(tree, uid=uid + UID_SHIFT, limits=limits, workdir_readonly=True, site_overlay=site_overlay,
+                     max_output_chars=4000)
+        run = run_gate(sb, tree, task.module_path, task.qualname, calls, timeout_s)
+    except Exception as e:   # the run's failure is its record: the verdict fails closed on it
+        run = GateRun(error=f"{type(e).__name__}: {e}")
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
+        entry.run = run
+        if not run.finished:
+            with _ORIGINALS_LOCK:
+                _ORIGINALS.pop(key, None)
+        entry.done.set()
+    return run, False
+
+
+def prefetch_original(task: Task, pristine: Path, scratch: Path, uid: int, limits: Limits, timeout_s: float,
+                      site_overlay: Path | None = None) -> None:
+    """Start the original's run now (an episode's environment is built long before its reward: the
+    original does not depend on what the agent writes)."""
+    if gate_calls(task):
+        threading.Thread(target=original_run, args=(task, pristine, scratch, uid, limits, timeout_s, site_overlay),
+                         daemon=True).start()
+
+
+class GateJob:
+    """Both sides of one task's gate in threads, started next to the test run, each in a sandbox
+    of its own uid (no process of the test run can reach them): the original's run
+    (`original_run`, once per host process and inputs) and the candidate's, on the verify tree.
+    `wait()` gives the verdict."""
+
+    def __init__(self, task: Task, candidate_tree: Path, pristine: Path, scratch: Path, uid: int, limits: Limits,
                  timeout_s: float, site_overlay: Path | None = None) -> None:
         self.calls = gate_calls(task)
         self.recorded = len(task.gate.get("calls", []))
         self.runs: dict[str, GateRun] = {}
+        self.reused = False
 
-        def side(name: str, tree: Path, shift: int) -> None:
+        def original() -> None:
+            self.runs["original"], self.reused = original_run(task, pristine, scratch, uid, limits, timeout_s,
+                                                              site_overlay)
+
+        def candidate() -> None:
             try:
-                sb = Sandbox(tree, uid=uid + shift * UID_SHIFT, limits=limits, workdir_readonly=True,
+                sb = Sandbox(candidate_tree, uid=uid + 2 * UID_SHIFT, limits=limits, workdir_readonly=True,
                              site_overlay=site_overlay, max_output_chars=4000)
-                self.runs[name] = run_gate(sb, tree, task.module_path, task.qualname, self.calls, timeout_s)
+                self.runs["candidate"] = run_gate(sb, candidate_tree, task.module_path, task.qualname, self.calls,
+                                                  timeout_s)
             except Exception as e:   # the side's failure is its record: the verdict fails closed on it
-                self.runs[name] = GateRun(error=f"{type(e).__name__}: {e}")
+                self.runs["candidate"] = GateRun(error=f"{type(e).__name__}: {e}")
 
-        self.threads = [threading.Thread(target=side, args=("original", original_tree, 1), daemon=True),
-                        threading.Thread(target=side, args=("candidate", candidate_tree, 2), daemon=True)]
+        self.threads = [threading.Thread(target=original, daemon=True), threading.Thread(target=candidate, daemon=True)]
         for t in self.threads:
             t.start()
 
@@ -221,8 +306,11 @@ class GateJob:
         for t in self.threads:
             t.join()
         missing = GateRun(error="the gate's process did not run")
-        return compare(self.runs.get("original", missing), self.runs.get("candidate", missing),
-                       len(self.calls), self.recorded)
+        candidate = self.runs.get("candidate", missing)
+        v = compare(self.runs.get("original", missing), candidate, len(self.calls), self.recorded)
+        if self.reused:
+            v.seconds, v.original_reused = candidate.seconds, True
+        return v
 
 
 # --- recording the tests' arguments (mining) -------------------------------------------------

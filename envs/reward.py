@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envs.gate import GateJob, gate_calls, link_tree
+from envs.gate import GateJob, gate_calls, link_tree, replace_module
 from envs.sandbox import INSIDE_REPO, Limits, Sandbox
 from envs.screen import screen
 from envs.tasks import Task
@@ -78,16 +78,12 @@ def changed_sources(task: Task, checkout: Path, pristine: Path) -> list[str]:
 
 
 def build_verify_tree(task: Task, submitted: str, pristine: Path, dest: Path) -> None:
-    """Pristine tree with the agent's target module; root-owned, read-only to the sandbox.
-    The module's pristine .pyc (which holds the reference body) is removed."""
-    shutil.copytree(pristine, dest, symlinks=True)
-    module = dest / task.module_path
-    module.write_text(submitted)
-    os.chmod(module, 0o644)
-    stale = module.parent / "__pycache__"
-    if stale.is_dir():
-        for pyc in stale.glob(f"{module.stem}.*.pyc"):
-            pyc.unlink()
+    """Pristine tree (linked, envs/gate.py link_tree) with the agent's target module in a file of
+    its own; root-owned, read-only to the sandbox. The module's pristine .pyc (which holds the
+    reference body) is removed."""
+    link_tree(pristine, dest)
+    replace_module(dest, task.module_path, submitted)
+    os.chmod(dest / task.module_path, 0o644)
 
 
 def compute_reward(task: Task, checkout: Path, pristine: Path, scratch: Path, uid: int,
@@ -111,15 +107,13 @@ def compute_reward(task: Task, checkout: Path, pristine: Path, scratch: Path, ui
         return RewardResult(0.0, {"reason": "submission refused", "ignored_files": ignored[:20]}, edited=True,
                             tests_total=total, seconds=time.monotonic() - start,
                             error=checked.flags[0], flags=checked.flags)
-    run_id = uuid.uuid4().hex[:8]
-    dest, original_tree = scratch / f"verify-{run_id}", scratch / f"gate-original-{run_id}"
+    dest = scratch / f"verify-{uuid.uuid4().hex[:8]}"
     target = (f"{INSIDE_REPO}/{task.module_path}", *checked.def_range)
     verdict = gate = None
     try:
         build_verify_tree(task, submitted, pristine, dest)
         if gate_calls(task):   # both sides next to the test run, each in a sandbox of its own
-            link_tree(pristine, original_tree)
-            gate = GateJob(task, dest, original_tree, uid, limits, timeout_s, site_overlay)
+            gate = GateJob(task, dest, pristine, scratch, uid, limits, timeout_s, site_overlay)
         sandbox = Sandbox(dest, uid=uid, limits=limits, workdir_readonly=True, site_overlay=site_overlay)
         run = run_tests(sandbox, task.test_command, timeout_s=timeout_s,
                         per_test_timeout_s=per_test_timeout_s, target=target, allow=checked.allowed,
@@ -130,7 +124,6 @@ def compute_reward(task: Task, checkout: Path, pristine: Path, scratch: Path, ui
         if gate is not None and verdict is None:   # the test run failed: its gate ends before the trees go
             gate.wait()
         shutil.rmtree(dest, ignore_errors=True)
-        shutil.rmtree(original_tree, ignore_errors=True)
     f2p_passed = [t for t in task.fail_to_pass if run.outcomes.get(t) == "passed"]
     p2p_failed = [t for t in task.pass_to_pass if run.outcomes.get(t) != "passed"]
     parts = {"f2p_passed": len(f2p_passed), "f2p_total": len(task.fail_to_pass),

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from envs.coding_env import pristine_for
-from envs.gate import compare, gate_calls, link_tree, run_gate
+from envs.gate import compare, gate_calls, link_tree, replace_module, run_gate
 from envs.sandbox import Limits, Sandbox
 from tests.fixtures.env import WORK_ROOT, task_by_qualname, toolz_tasks
 from tests.fixtures.tamper_attacks import (
@@ -51,10 +51,8 @@ def _verdict(task, original, body: str):
     pristine = pristine_for(task)
     tree = Path(WORK_ROOT) / f"gate-test-{uuid.uuid4().hex[:8]}"
     link_tree(pristine, tree)
-    module = tree / task.module_path
     stubbed = task.stubbed_source((pristine / task.module_path).read_text())
-    module.unlink()   # a link to the pristine file: replaced, never written through
-    module.write_text(stubbed.replace(task.stub_body, body, 1))
+    replace_module(tree, task.module_path, stubbed.replace(task.stub_body, body, 1))
     try:
         run = run_gate(Sandbox(tree, uid=UID + 1, limits=Limits(), workdir_readonly=True), tree, task.module_path,
                        task.qualname, gate_calls(task), 60)
