@@ -361,7 +361,10 @@ def _snapshot() -> tuple:
         if mod is None:
             continue
         space = vars(mod)
+        stdlib = modname in ("builtins", "os", "posixpath")   # their data includes lazy caches (posixpath._varprog)
         for name, value in list(space.items()):
+            if stdlib and not callable(value):
+                continue
             snap.append((space, name, value))
             if isinstance(value, type) and value.__module__ == modname and modname != "builtins":
                 members = vars(value)
