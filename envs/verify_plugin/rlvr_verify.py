@@ -165,7 +165,7 @@ def _install() -> None:
     _make_undumpable()
     _guard_threads(target, lo, hi, refuse)
     _Reporter.settings = (host_fd, _target_test(target, lo, hi), target, qualname, deadline_s, refused, arm,
-                          tainted, ran_here, refuse, (target, lo, hi))
+                          tainted, ran_here, refuse)
 
 
 def _make_hook(target: str, lo: int, hi: int, allowed: frozenset, entered, refuse,
@@ -492,10 +492,10 @@ class _Runner:
             self.open = False
 
     def result(self, index: int, deadline_s: float) -> tuple[list[str], int | None, list[str], bool]:
-        # (its lines, the exit status if it ended, notes, whether it ended); self.tainted says
-        # whether the target ran in it
-        """Test `index`'s lines. While the target has not run in this process its lines end at
-        `done index`; once it has, every later line is that test's and the process must end."""
+        """Test `index`'s lines, the exit status if the process ended, notes, whether it ended
+        (self.tainted: whether the target ran in it). While the target has not run in this
+        process its lines end at `done index`; once it has, every later line is that test's and
+        the process must end."""
         notes: list[str] = []
         deadline = time.monotonic() + deadline_s
         mine: list[str] = []
@@ -528,7 +528,7 @@ class _Reporter:
 
     def __init__(self, config) -> None:
         (self.fd, self.is_target, self.target, self.qualname, self.deadline_s, self.refused,
-         self.arm, self.tainted, self.ran_in_reporter, self.refuse, self.target_range) = self.settings
+         self.arm, self.tainted, self.ran_in_reporter, self.refuse) = self.settings
         self.pm = config.pluginmanager
         self.items: list = []
         self.index: dict[int, int] = {}
