@@ -165,7 +165,9 @@ def audit(task_files: list[str], uid: int, out_dir: Path, only: list[str] | None
                # the differential gate: tasks with inputs, the original passing it, the stub run failing it
                "gate_tasks": sum(r["original"].get("gate_inputs", 0) > 0 for r in recs),
                "gate_original_passes": sum(r["original"].get("gate_fraction") == 1.0 for r in recs),
-               "gate_stub_run_fails": sum((r["stub_run"].get("gate_fraction") or 1.0) < 1.0 for r in recs)}
+               "gate_stub_run_fails": sum(r["stub_run"].get("gate_fraction") is not None
+                                          and r["stub_run"]["gate_fraction"] < 1.0 for r in recs),
+               "gate_stub_run_passes": [r["task"] for r in recs if r["stub_run"].get("gate_fraction") == 1.0]}
     (out_dir / "audit.json").write_text(json.dumps({"summary": summary, "per_task": recs}, indent=1))
     rows = ["| file | task | level | original | reward s | stub | stub run | error |", "|---|---|---|---|---|---|---|---|"]
     rows += [f"| {r['file']} | `{r['task'].split(':', 1)[1]}` | {r['level']} | {r['original']['reward']:.2f} | "
