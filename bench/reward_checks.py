@@ -6,9 +6,13 @@ measures a tree before and after a change side by side.
     python -m bench.reward_checks tamper [--task frequencies|merge ...] [--uid N] [--json out.json]
     python -m bench.reward_checks latency [--tasks configs/tasks/toolz.jsonl] [--per-level N] [--json out.json]
     python -m bench.reward_checks audit [--tasks FILE ...] [--uid N] [--out DIR] [--only ID ...]
+    python -m bench.reward_checks gate [--tasks FILE ...] [--uid N] [--json out.json]
 
 `audit` appends one record per task to DIR/audit.jsonl as it goes (a killed run resumes where
 it stopped; --only re-scores the named tasks), then writes DIR/audit.json and DIR/audit.md.
+`gate` is the differential gate alone (envs/gate.py) over task files (default skill.jsonl and the
+toolz files): per task its recorded and perturbed inputs, the original body against the original
+(a fresh process each: must match on every input) and the stub or mutant against it (must not).
 """
 from __future__ import annotations
 
@@ -114,9 +118,11 @@ def _score(task, uid: int, body: str | None) -> dict:
         t0 = time.monotonic()
         r = env.reward()
         reward_s = time.monotonic() - t0
+    gate = r.parts.get("gate") or {}
     return {"reward": r.reward, "error": r.error, "flags": r.flags, "reward_s": round(reward_s, 3),
             "wall_s": round(time.monotonic() - start, 3), "f2p_passed": r.parts.get("f2p_passed"),
-            "p2p_failed": r.parts.get("p2p_failed"), "pytest_s": r.parts.get("pytest_seconds")}
+            "p2p_failed": r.parts.get("p2p_failed"), "pytest_s": r.parts.get("pytest_seconds"),
+            "gate_inputs": gate.get("inputs", 0), "gate_fraction": gate.get("fraction")}
 
 
 def _stub_edited(task) -> str:
@@ -155,7 +161,13 @@ def audit(task_files: list[str], uid: int, out_dir: Path, only: list[str] | None
                "reward_s_median": statistics.median(secs) if secs else None,
                "reward_s_p90": secs[min(len(secs) - 1, int(0.9 * len(secs)))] if secs else None,
                "by_file": {p.name: sum(r["file"] == p.name and r["ok"] for r in recs) for p in map(Path, task_files)},
-               "bad": [r["task"] for r in recs if not r["ok"]]}
+               "bad": [r["task"] for r in recs if not r["ok"]],
+               # the differential gate: tasks with inputs, the original passing it, the stub run failing it
+               "gate_tasks": sum(r["original"].get("gate_inputs", 0) > 0 for r in recs),
+               "gate_original_passes": sum(r["original"].get("gate_fraction") == 1.0 for r in recs),
+               "gate_stub_run_fails": sum(r["stub_run"].get("gate_fraction") is not None
+                                          and r["stub_run"]["gate_fraction"] < 1.0 for r in recs),
+               "gate_stub_run_passes": [r["task"] for r in recs if r["stub_run"].get("gate_fraction") == 1.0]}
     (out_dir / "audit.json").write_text(json.dumps({"summary": summary, "per_task": recs}, indent=1))
     rows = ["| file | task | level | original | reward s | stub | stub run | error |", "|---|---|---|---|---|---|---|---|"]
     rows += [f"| {r['file']} | `{r['task'].split(':', 1)[1]}` | {r['level']} | {r['original']['reward']:.2f} | "
@@ -166,9 +178,74 @@ def audit(task_files: list[str], uid: int, out_dir: Path, only: list[str] | None
     return summary
 
 
+GATE_FILES = ("skill.jsonl", "toolz.jsonl", "toolz-levels.jsonl", "toolz-mutation.jsonl")
+
+
+def gate(task_files: list[str], uid: int = UID) -> dict:
+    """The gate's coverage and its verdicts on the original body and on the stub, per task."""
+    import shutil
+    import uuid
+
+    from envs.coding_env import pristine_for
+    from envs.gate import compare, coverage, gate_calls, link_tree, replace_module, run_gate
+    from envs.sandbox import Limits, Sandbox
+    from tests.fixtures.env import WORK_ROOT
+    root = Path(WORK_ROOT)
+    root.mkdir(parents=True, exist_ok=True)
+    files: dict[str, dict] = {}
+    per_task: list[dict] = []
+    originals: dict[str, object] = {}   # function -> the original's run (the same inputs for every level)
+    start = time.monotonic()
+    for path in task_files:
+        tasks = load_tasks(path)
+        files[Path(path).name] = coverage(tasks)
+        for task in tasks:
+            calls = gate_calls(task)
+            rec = {"file": Path(path).name, "task": task.id, "level": task.level,
+                   "recorded": len(task.gate.get("calls", [])), "perturbed": len(task.gate.get("perturbed", [])),
+                   "note": task.gate.get("note", "not annotated")}
+            if calls:
+                pristine = pristine_for(task)
+                stub_tree = root / f"gate-bench-{uuid.uuid4().hex[:8]}"
+                link_tree(pristine, stub_tree)
+                replace_module(stub_tree, task.module_path, task.stubbed_source((pristine / task.module_path).read_text()))
+                try:
+                    sb = Sandbox(stub_tree, uid=uid, limits=Limits(), workdir_readonly=True)
+                    if task.function_key not in originals:
+                        orig_tree = root / f"gate-bench-{uuid.uuid4().hex[:8]}"
+                        link_tree(pristine, orig_tree)
+                        try:
+                            osb = Sandbox(orig_tree, uid=uid, limits=Limits(), workdir_readonly=True)
+                            first = run_gate(osb, orig_tree, task.module_path, task.qualname, calls, 60)
+                            again = run_gate(osb, orig_tree, task.module_path, task.qualname, calls, 60)
+                        finally:
+                            shutil.rmtree(orig_tree)
+                        originals[task.function_key] = (first, compare(first, again, len(calls), rec["recorded"]))
+                    first, same = originals[task.function_key]
+                    stub = compare(first, run_gate(sb, stub_tree, task.module_path, task.qualname, calls, 60),
+                                   len(calls), rec["recorded"])
+                finally:
+                    shutil.rmtree(stub_tree)
+                rec.update(original_fraction=same.fraction, stub_fraction=stub.fraction,
+                           original_passes=same.fraction == 1.0 and same.error is None, stub_fails=stub.fraction < 1.0,
+                           stub_mismatch=stub.mismatches[:1])
+                print(f"{'ok ' if rec['original_passes'] and rec['stub_fails'] else 'BAD'} {rec['recorded']:2d} "
+                      f"{rec['perturbed']:2d} original {same.fraction:.2f} stub {stub.fraction:.2f}  {task.id}", flush=True)
+            per_task.append(rec)
+    gated = [r for r in per_task if "original_passes" in r]
+    summary = {"files": files, "tasks": len(per_task), "with_inputs": len(gated),
+               "original_passes": sum(r["original_passes"] for r in gated),
+               "stub_fails": sum(r["stub_fails"] for r in gated),
+               "stub_passes": [r["task"] for r in gated if not r["stub_fails"]],
+               "original_fails": [r["task"] for r in gated if not r["original_passes"]],
+               "seconds": round(time.monotonic() - start, 1)}
+    print(json.dumps(summary, indent=1))
+    return {"summary": summary, "per_task": per_task}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["tamper", "latency", "audit"])
+    ap.add_argument("what", choices=["tamper", "latency", "audit", "gate"])
     ap.add_argument("--tasks", nargs="+", default=None,
                     help="latency: one file (default toolz.jsonl); audit: files (default every shipped one)")
     ap.add_argument("--uid", type=int, default=UID, help="sandbox uid (a value no concurrent run uses)")
@@ -182,8 +259,11 @@ def main() -> None:
     if args.what == "audit":
         audit(args.tasks or sorted(map(str, SHIPPED_TASKS.glob("*.jsonl"))), args.uid, Path(args.out), args.only)
         return
-    result = (tamper(args.uid, tuple(args.task)) if args.what == "tamper" else
-              latency((args.tasks or [str(SHIPPED_TOOLZ)])[0], args.per_level, args.uid))
+    if args.what == "gate":
+        result = gate(args.tasks or [str(SHIPPED_TASKS / f) for f in GATE_FILES], args.uid)
+    else:
+        result = (tamper(args.uid, tuple(args.task)) if args.what == "tamper" else
+                  latency((args.tasks or [str(SHIPPED_TOOLZ)])[0], args.per_level, args.uid))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     if args.what == "tamper" and any((r["kind"] == "attack" and r["reward"] >= 1.0) or

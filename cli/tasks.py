@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from envs.gate import annotate_files, coverage
 from envs.mining import mine
 from envs.split import write_split
 from envs.tasks import LEVELS, load_tasks, save_tasks
@@ -45,6 +46,12 @@ def register(subparsers) -> None:
     g.add_argument("out")
     g.add_argument("inputs", nargs="+")
     g.set_defaults(func=_merge)
+
+    d = sub.add_parser("gate", help="record the differential gate's inputs of task files, in place (sandboxed)")
+    d.add_argument("tasks_files", nargs="+")
+    d.add_argument("--work-root", default=DEFAULT_WORK_ROOT)
+    d.add_argument("--uid", type=int, default=61900, help="the sandbox uid of the recording runs")
+    d.set_defaults(func=_gate)
 
     i = sub.add_parser("info", help="summarize a task file")
     i.add_argument("tasks_file")
@@ -89,10 +96,21 @@ def _split(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gate(args: argparse.Namespace) -> int:
+    summary = annotate_files([Path(p) for p in args.tasks_files], Path(args.work_root), args.uid)
+    for path, cov in summary.items():
+        print(f"{path}: {cov['with_inputs']} of {cov['tasks']} tasks have gate inputs "
+              f"(recorded median {cov['recorded_median']}, perturbed median {cov['perturbed_median']})")
+    return 0
+
+
 def _info(args: argparse.Namespace) -> int:
     tasks = load_tasks(args.tasks_file)
     f2p = [len(t.fail_to_pass) for t in tasks]
     levels = {lv: sum(t.level == lv for t in tasks) for lv in LEVELS if any(t.level == lv for t in tasks)}
     print(f"{len(tasks)} tasks; libraries {sorted({t.library for t in tasks})}; levels {levels}; "
           f"FAIL_TO_PASS per task min {min(f2p, default=0)} max {max(f2p, default=0)}")
+    cov = coverage(tasks)
+    print(f"differential gate: {cov['with_inputs']} tasks with recorded inputs (median {cov['recorded_median']} "
+          f"recorded, {cov['perturbed_median']} perturbed), {cov['tasks'] - cov['annotated']} not annotated")
     return 0

@@ -17,6 +17,7 @@ import shutil
 import uuid
 from pathlib import Path
 
+from envs.gate import prefetch_original
 from envs.reward import RewardResult, compute_reward
 from envs.sandbox import INSIDE_REPO, Limits, QuotaDir, Sandbox, chown_tree, kill_uid
 from envs.sdist import tree_for
@@ -67,6 +68,10 @@ class CodingEnv:
                                    max_output_chars=env_cfg.max_output_chars, site_overlay=self.site_overlay)
             self._tools = Tools(self.checkout, self.sandbox, self.uid, env_cfg.command_timeout_s,
                                 env_cfg.max_output_chars, env_cfg.max_file_mib * 1024 * 1024)
+            # the reward's differential gate needs the original's results, which the agent cannot
+            # change: they are computed while the episode runs (once per host process and task)
+            prefetch_original(self.task, self.pristine, root, self.uid, self.limits, env_cfg.verify_timeout_s,
+                              self.site_overlay)
         except BaseException:
             self._quota.close()
             raise

@@ -9,6 +9,9 @@
    body run in a child process, e.g. a test that runs the library's CLI in a subprocess: those
    tests are found here, and recorded in meta["f2p_outside_coverage"]); PASS_TO_PASS is the rest.
 Every task's FAIL_TO_PASS tests pass on the original code under the verifier's audit hook.
+4. the suite runs once more with the recording plugin: the plain-data arguments the tests pass
+   to each task's function, and perturbed ones, become the task's differential-gate inputs
+   (envs/gate.py `annotate`; a task's `gate` says why it has none).
 A partial stub is kept only if its hole matters: with the hole simply deleted (`pass` in its
 place) some FAIL_TO_PASS test still fails, so removing the marker is never a solution.
 Dropped: bodies run at import (the stub would break importing), bodies shorter than
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from envs.gate import annotate
 from envs.mutations import shows_expected_actual
 from envs.reward import is_test_path
 from envs.sandbox import INSIDE_REPO, Limits, QuotaDir, Sandbox, chown_tree
@@ -365,7 +369,8 @@ def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic
               log: Callable[[str], None] = print, levels: tuple[str, ...] = ("body",),
               overlay: Overlay | None = None, max_per_level: int | None = None,
               progress: Path | None = None) -> tuple[list[Task], MiningReport]:
-    """mine() on an extracted tree (the sdist's top directory): baseline, coverage, choose, probe.
+    """mine() on an extracted tree (the sdist's top directory): baseline, coverage, choose, probe,
+    the gate's inputs.
     max_per_level: probe at most this many stubs of each level, spread evenly over the candidates
     (large libraries). progress: a JSONL file each probe's result is appended to; a rerun reuses them."""
     t0 = time.monotonic()
@@ -404,6 +409,8 @@ def mine_tree(info: SdistInfo, tree: Path, work_root: str | Path = "/tmp/agentic
         if prober.resumed:
             log(f"[mine] resuming: {len(prober.resumed)} stubs already probed ({progress})")
         tasks = _probe_all(prober, kept)
+        if tasks:
+            annotate(tasks, co0, sb0, timeout_s, per_test_timeout_s, log)
         report.dropped["stub_not_detected_breaks_import_hole_deletable_or_refused"] = len(kept) - len(tasks)
         report.tasks = len(tasks)
         report.levels = {lv: sum(t.level == lv for t in tasks) for lv in levels}

@@ -1,13 +1,16 @@
 """Execution reward: the repository's own tests, run on a pristine copy of the repo with only
-the agent's target function taken from its checkout, read through the verification plugin.
+the agent's target function taken from its checkout, read through the verification plugin,
+and checked against the original outside the test process by the differential gate.
 
 Rules: no edit of the target module -> 0; a change in that module outside the target
 function's body (new imports at the top aside) or introspection in the body -> 0 (see
 envs/screen.py); any PASS_TO_PASS regression -> 0; tampering or a refused operation seen in
 the test process -> 0; otherwise the fraction of FAIL_TO_PASS tests that pass (1.0 = full
-pass). A test that never reports (timeout, crash, hang) is a failure. Changes to any other
-file are not taken (they are listed in parts["ignored_files"]). Every reason for a 0 that
-is not a test outcome is a line in `flags`, for the trace and the training metrics.
+pass), lowered to the fraction of the gate's inputs on which the candidate returns what the
+original does where the task has gate inputs (envs/gate.py): 1.0 needs the tests and the gate.
+A test that never reports (timeout, crash, hang) is a failure. Changes to any other file are
+not taken (they are listed in parts["ignored_files"]). Every reason for a 0 that is not a
+test outcome is a line in `flags`, for the trace and the training metrics.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from envs.gate import GateJob, gate_calls, link_tree, replace_module
 from envs.sandbox import INSIDE_REPO, Limits, Sandbox
 from envs.screen import screen
 from envs.tasks import Task
@@ -74,16 +78,12 @@ def changed_sources(task: Task, checkout: Path, pristine: Path) -> list[str]:
 
 
 def build_verify_tree(task: Task, submitted: str, pristine: Path, dest: Path) -> None:
-    """Pristine tree with the agent's target module; root-owned, read-only to the sandbox.
-    The module's pristine .pyc (which holds the reference body) is removed."""
-    shutil.copytree(pristine, dest, symlinks=True)
-    module = dest / task.module_path
-    module.write_text(submitted)
-    os.chmod(module, 0o644)
-    stale = module.parent / "__pycache__"
-    if stale.is_dir():
-        for pyc in stale.glob(f"{module.stem}.*.pyc"):
-            pyc.unlink()
+    """Pristine tree (linked, envs/gate.py link_tree) with the agent's target module in a file of
+    its own; root-owned, read-only to the sandbox. The module's pristine .pyc (which holds the
+    reference body) is removed."""
+    link_tree(pristine, dest)
+    replace_module(dest, task.module_path, submitted)
+    os.chmod(dest / task.module_path, 0o644)
 
 
 def compute_reward(task: Task, checkout: Path, pristine: Path, scratch: Path, uid: int,
@@ -109,13 +109,20 @@ def compute_reward(task: Task, checkout: Path, pristine: Path, scratch: Path, ui
                             error=checked.flags[0], flags=checked.flags)
     dest = scratch / f"verify-{uuid.uuid4().hex[:8]}"
     target = (f"{INSIDE_REPO}/{task.module_path}", *checked.def_range)
+    verdict = gate = None
     try:
         build_verify_tree(task, submitted, pristine, dest)
+        if gate_calls(task):   # both sides next to the test run, each in a sandbox of its own
+            gate = GateJob(task, dest, pristine, scratch, uid, limits, timeout_s, site_overlay)
         sandbox = Sandbox(dest, uid=uid, limits=limits, workdir_readonly=True, site_overlay=site_overlay)
         run = run_tests(sandbox, task.test_command, timeout_s=timeout_s,
                         per_test_timeout_s=per_test_timeout_s, target=target, allow=checked.allowed,
                         qualname=task.qualname)
+        if gate is not None:
+            verdict = gate.wait()
     finally:
+        if gate is not None and verdict is None:   # the test run failed: its gate ends before the trees go
+            gate.wait()
         shutil.rmtree(dest, ignore_errors=True)
     f2p_passed = [t for t in task.fail_to_pass if run.outcomes.get(t) == "passed"]
     p2p_failed = [t for t in task.pass_to_pass if run.outcomes.get(t) != "passed"]
@@ -123,7 +130,9 @@ def compute_reward(task: Task, checkout: Path, pristine: Path, scratch: Path, ui
              "p2p_failed": len(p2p_failed), "p2p_total": len(task.pass_to_pass),
              "p2p_failed_ids": p2p_failed[:10], "changed_files": [task.module_path],
              "ignored_files": ignored[:20], "tampered": run.tampered[:5], "timed_out": run.timed_out,
-             "collect_errors": run.collect_errors[:5], "pytest_seconds": run.seconds}
+             "collect_errors": run.collect_errors[:5], "pytest_seconds": run.seconds,
+             "gate": verdict.summary() if verdict is not None else
+             {"inputs": 0, "note": task.gate.get("note", "no gate inputs recorded for this task")}}
     error = None
     flags = [f"tampering with the test run detected: {t}" for t in run.tampered[:5]]
     flags += [f"refused in the test process: {r}" for r in run.refused[:5]]
@@ -138,6 +147,8 @@ def compute_reward(task: Task, checkout: Path, pristine: Path, scratch: Path, ui
         error = f"{len(p2p_failed)} previously passing test(s) now fail, e.g. {p2p_failed[0]}"
     else:
         reward = len(f2p_passed) / len(task.fail_to_pass)
+        if verdict is not None and verdict.fraction < reward:
+            reward, error = verdict.fraction, verdict.why()
     passed = len(f2p_passed) + len(task.pass_to_pass) - len(p2p_failed)
     return RewardResult(reward, parts, edited=True, tests_passed=passed,
                         tests_total=len(task.fail_to_pass) + len(task.pass_to_pass),

@@ -19,7 +19,8 @@ from envs.tasks import Task
 DENIED_MODULES = {"gc", "ctypes", "_ctypes", "marshal", "dis", "linecache", "pytest", "_pytest", "pluggy",
                   "unittest", "mock", "importlib", "builtins", "code", "codeop", "rlvr_verify", "__main__",
                   "tracemalloc", "faulthandler", "pdb", "bdb", "signal", "threading", "_thread", "concurrent",
-                  "multiprocessing", "subprocess", "posix", "_posixsubprocess", "atexit", "pty", "resource"}
+                  "multiprocessing", "subprocess", "posix", "_posixsubprocess", "atexit", "pty", "resource",
+                  "pkgutil", "runpy", "zipimport"}   # pkgutil.resolve_name reaches any module's attribute
 # modules an honest body may use, but not these of their members (frames, sources, the process)
 DENIED_MEMBERS = {
     "inspect": {"currentframe", "stack", "trace", "getouterframes", "getinnerframes", "getframeinfo", "getsource",
@@ -32,6 +33,7 @@ DENIED_MEMBERS = {
            "execl", "execvp", "spawnv", "posix_spawn", "environ", "getppid", "listdir", "scandir", "walk"},
     "sys": {"_getframe", "_current_frames", "modules", "settrace", "setprofile", "addaudithook", "exit",
             "_getframemodulename", "last_traceback", "gettrace", "getprofile"},
+    "types": {"new_class", "FunctionType", "LambdaType", "CodeType", "CellType", "FrameType"},   # classes and code made at run time
 }
 DENIED_ATTRS = {"_getframe", "_current_frames", "f_back", "f_locals", "f_globals", "f_code", "f_builtins",
                 "tb_frame", "tb_next", "gi_frame", "cr_frame", "ag_frame", "gi_code", "__code__",
@@ -45,7 +47,11 @@ DYNAMIC_ATTR_CALLS = {"getattr", "setattr", "delattr", "hasattr"}   # with a nam
 COMPARISON_DUNDERS = {"__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__hash__", "__bool__",
                       "__instancecheck__", "__subclasscheck__", "__subclasshook__", "__contains__", "__len__",
                       "__iter__", "__repr__", "__str__", "__getitem__"}
-_NAMES = DENIED_ATTRS | COMPARISON_DUNDERS | DENIED_CALLS   # a string spelling one of these is suspect
+VERIFIER_NAMES = {"rlvr_verify", "rlvr_reporter", "rlvr_verifier"}   # the verifier's module and plugin
+_NAMES = DENIED_ATTRS | COMPARISON_DUNDERS | DENIED_CALLS | VERIFIER_NAMES   # a string spelling one of these is suspect
+# builtins that must be called where they are named: as values (an alias, an argument, a
+# container's item) their use cannot be read off the code
+_CALL_ONLY = DENIED_CALLS | DYNAMIC_ATTR_CALLS | {"chr"}
 
 
 # code attributes whose read the verifier's audit hook refuses the target (envs/verify_plugin)
@@ -123,10 +129,28 @@ def _fold(node: ast.AST, consts: dict[str, object]):
             return base[index] if isinstance(index, int) else None
         except Exception:
             return None
+    if isinstance(node, ast.Call) and not node.keywords and isinstance(node.func, ast.Name) and \
+            node.func.id == "map" and len(node.args) == 2 and isinstance(node.args[0], ast.Name) and \
+            node.args[0].id in ("chr", "str"):
+        items = _fold_items(node.args[1], consts)
+        try:
+            return None if items is None else [chr(i) if node.args[0].id == "chr" else str(i) for i in items]
+        except (TypeError, ValueError, OverflowError):
+            return None
+    if isinstance(node, (ast.GeneratorExp, ast.ListComp)) and len(node.generators) == 1 and \
+            not node.generators[0].ifs and isinstance(node.generators[0].target, ast.Name):
+        items = _fold_items(node.generators[0].iter, consts)
+        if items is None:
+            return None
+        out = [_fold(node.elt, {**consts, node.generators[0].target.id: i}) for i in items]
+        return out if all(isinstance(o, str) for o in out) else None
     if isinstance(node, ast.Call) and not node.keywords:
         args = [_fold(a, consts) for a in node.args]
         if any(a is None for a in args):
             return None
+        if isinstance(node.func, ast.Name) and node.func.id == "reversed" and len(args) == 1 and \
+                isinstance(args[0], (str, list)):
+            return list(reversed(args[0]))
         if isinstance(node.func, ast.Name) and node.func.id in ("chr", "str") and len(args) == 1:
             try:
                 return chr(args[0]) if node.func.id == "chr" else str(args[0])
@@ -144,9 +168,57 @@ def _fold(node: ast.AST, consts: dict[str, object]):
                 except Exception:
                     return None
                 return value if isinstance(value, str) else None
-    if isinstance(node, ast.GeneratorExp | ast.ListComp) and isinstance(node.elt, ast.Call):
-        return None
     return None
+
+
+def _fold_items(node: ast.AST, consts: dict[str, object]) -> list | None:
+    """The items of a constant iterable (a tuple, list or string of constants), else None."""
+    if isinstance(node, (ast.List, ast.Tuple)):
+        items = [_fold(e, consts) if not isinstance(e, ast.Constant) else e.value for e in node.elts]
+        return items if all(i is not None for i in items) else None
+    value = _fold(node, consts)
+    return list(value) if isinstance(value, (str, list)) else None
+
+
+def _aliases(node: ast.AST) -> dict[str, str]:
+    """Local names bound to a call-only builtin or to `type` (x = getattr; g = t = type; a
+    default argument g=getattr): name -> the builtin it is."""
+    watched = _CALL_ONLY | {"type"}
+    out: dict[str, str] = {}
+    for _ in range(3):   # chains of aliases
+        for n in ast.walk(node):
+            pairs = []
+            if isinstance(n, ast.Assign):
+                for t in n.targets:
+                    if isinstance(t, ast.Name):
+                        pairs.append((t, n.value))
+                    elif isinstance(t, (ast.Tuple, ast.List)) and isinstance(n.value, (ast.Tuple, ast.List)):
+                        pairs += list(zip(t.elts, n.value.elts))
+            elif isinstance(n, ast.NamedExpr):
+                pairs.append((n.target, n.value))
+            elif isinstance(n, ast.arguments):
+                positional = n.posonlyargs + n.args
+                pairs += list(zip(positional[len(positional) - len(n.defaults):], n.defaults))
+                pairs += [(a, d) for a, d in zip(n.kwonlyargs, n.kw_defaults) if d is not None]
+            for target, value in pairs:
+                name = getattr(target, "id", None) or getattr(target, "arg", None)
+                if name and isinstance(value, ast.Name) and (value.id in watched or value.id in out):
+                    out[name] = out.get(value.id, value.id)
+    return out
+
+
+def _called_or_tested(node: ast.Name, parents: dict[int, ast.AST]) -> bool:
+    """`type` used as types are: called, compared (`x is type`), the class argument of
+    isinstance/issubclass (a tuple of them too)."""
+    parent = parents.get(id(node))
+    if isinstance(parent, ast.Call) and parent.func is node:
+        return True
+    if isinstance(parent, ast.Compare):
+        return True
+    if isinstance(parent, ast.Tuple):
+        parent = parents.get(id(parent))
+    return (isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name)
+            and parent.func.id in ("isinstance", "issubclass") and node is not parent.args[0])
 
 
 def _modules_bound(tree: ast.AST) -> dict[str, str]:
@@ -201,8 +273,33 @@ def _uses(node: ast.AST, context: ast.AST | None = None) -> set[str]:
     local = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
     local |= {a.arg for n in ast.walk(node) if isinstance(n, ast.arguments)
               for a in [*n.posonlyargs, *n.args, *n.kwonlyargs, n.vararg, n.kwarg] if a is not None}
+    aliases = _aliases(node)
+    parents = {id(child): n for n in ast.walk(node) for child in ast.iter_child_nodes(n)}
     hits = set()
     for n in ast.walk(node):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and (n.id in COMPARISON_DUNDERS
+                                                                          or n.id in DENIED_ATTRS):
+            hits.add(f"assigns {n.id}")   # `__eq__ = lambda s, o: True` in a class body
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in local:
+            parent = parents.get(id(n))
+            called = isinstance(parent, ast.Call) and parent.func is n
+            if n.id in _CALL_ONLY and not called:
+                hits.add(f"uses {n.id} as a value")
+            elif n.id == "type" and not _called_or_tested(n, parents):
+                hits.add("uses type as a value")
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "type" and \
+                n.attr in ("__new__", "__call__", "__init__", "__prepare__"):
+            hits.add(f"creates a class with type.{n.attr}")
+        if isinstance(n, ast.ClassDef) and (any(isinstance(b, ast.Name) and (b.id == "type" or aliases.get(b.id) == "type")
+                                                for b in n.bases) or any(k.arg == "metaclass" for k in n.keywords)):
+            hits.add("defines a metaclass")
+        if isinstance(n, ast.JoinedStr):
+            for v in n.values:
+                if isinstance(v, ast.FormattedValue) and isinstance(v.format_spec, ast.JoinedStr) and \
+                        any(isinstance(p, ast.Constant) and str(p.value).endswith("c") for p in v.format_spec.values):
+                    hits.add("formats a character code (:c)")
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and ("%c" in n.value or ":c}" in n.value):
+            hits.add("formats a character code (%c)")
         if isinstance(n, (ast.Import, ast.ImportFrom)):
             names = ([a.name for a in n.names] if isinstance(n, ast.Import) else
                      [f"{n.module}.{a.name}" for a in n.names] + [n.module or ""])
@@ -227,8 +324,20 @@ def _uses(node: ast.AST, context: ast.AST | None = None) -> set[str]:
             hits.add(f"defines {n.name}")
         if isinstance(n, ast.Call):
             fname = n.func.id if isinstance(n.func, ast.Name) else None
+            if fname in aliases:
+                hits.add(f"calls {aliases[fname]} through the alias {fname}")
+                fname = aliases[fname]
             if fname in DENIED_CALLS:
                 hits.add(f"calls {fname}()")
+            if fname == "chr" and (len(n.args) != 1 or _fold(n.args[0], consts) is None):
+                hits.add("builds text from character codes (chr)")
+            dotted = _dotted(n.func, bound) if isinstance(n.func, (ast.Name, ast.Attribute)) else None
+            if dotted in ("operator.attrgetter", "operator.methodcaller") and n.args:
+                name = _fold(n.args[0], consts)
+                if not isinstance(name, str):
+                    hits.add(f"calls {dotted}() with a computed name")
+                elif any(part in _NAMES for part in name.split(".")):
+                    hits.add(f"reaches {name} through {dotted}()")
             if fname in DYNAMIC_ATTR_CALLS and len(n.args) >= 2:
                 name = _fold(n.args[1], consts)
                 base = _dotted(n.args[0], bound)

@@ -29,6 +29,9 @@ class Task:
     meta: dict = field(default_factory=dict)
     level: Level = "body"        # what the stub removed (task files without it are whole-body stubs)
     test_deps: list[str] = field(default_factory=list)   # pinned distributions of the test overlay
+    # the differential gate's inputs (envs/gate.py): "calls" the tests make, "perturbed" ones,
+    # "seen", and a "note" saying why there are none or few; {} in files written before the gate
+    gate: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:

@@ -17,11 +17,20 @@ write to any file descriptor. What this plugin makes sure of:
     that never run the target share a runner (one fork for most of a suite).
   * A test passes only if its lines say so: the runner wraps the test's call and writes the
     raw outcome (the exception the test raised, before any pytest hook or report sees it) at
-    once, as fixed bytes, through builtins bound before any test ran; the worst line for a
-    phase wins and a missing line is a failure. A test the target ran in must also end its
-    runner through the runner's own exit with status 0 (os._exit is refused to the target); a
-    runner killed, stopped or past its deadline fails its test. Forged extra lines therefore
-    cannot raise an outcome, and a different file on the pipe's descriptor is noticed.
+    once. The target shares the runner's process, and reaches its module through
+    `sys.modules` (no audit event covers that, or a closure cell's write), so what decides
+    holds no state it could rewrite: the line texts are constants of the writing code (no
+    table), every value the writer, the guarded call, the exit and thread guards and the audit
+    hook decide with is a default argument or a local of a frame the target cannot reach,
+    bound before any test ran, and the tables are frozen. The reporter holds the lines to the
+    runner's: each phase once and in order, report lines only for failures, nothing the runner
+    does not write (else the run is tampered); the worst line for a phase wins and a missing
+    one is a failure. A test the target ran in must end its runner through the runner's own
+    exit with status 0 (os._exit is refused to the target), after the runner's check of its
+    process (the test, pytest's modules, this module and its classes, the reporter's
+    attributes, builtins and os: any name rebound is tampering) and its `checked` line; a
+    runner killed, stopped or past its deadline fails its test. Forged lines cannot raise an
+    outcome, and a different file on the pipe's descriptor is noticed.
   * If the target runs in the reporter (while tests are collected, or from a conftest hook)
     the run is tampered; after collection the tested name must resolve to the edited code.
   * In a runner an audit hook (PEP 578, installed before the package is imported) refuses the
@@ -30,10 +39,13 @@ write to any file descriptor. What this plugin makes sure of:
     compile/exec, tracing, processes, signals and reading test sources; the threads it
     starts are refused (3.11 has no audit event for them).
 What remains possible: a target that makes its own test pass by means no audit event covers
--- a return value whose comparison lies, or rebinding the runner's names through closure
-cells, module dicts or `sys.modules` before the test's assertion fails -- is left to the
-static screen (envs/screen.py), which refuses those constructs by what they resolve to, not
-by how they are spelled. Such a lie still reaches only the tests the target runs in.
+-- a return value whose comparison lies, a mutable object the runner's code reads through a
+default argument changed in place, a body fitted to the tests' inputs -- is left to the static
+screen (envs/screen.py), which refuses the constructs by what they resolve to, not by how they
+are spelled, and, for tasks with recorded inputs, to the differential gate (envs/gate.py),
+which runs the candidate and the original in other processes and compares their results as
+data: nothing this process holds can reach that verdict. A lie here still reaches only the
+tests the target runs in.
 """
 from __future__ import annotations
 
@@ -53,46 +65,57 @@ from _pytest.outcomes import Skipped
 
 _WATCHED_MODULES = ("_pytest.runner", "_pytest.reports", "_pytest.python", "_pytest.outcomes",
                     "_pytest.main", "_pytest.skipping", "_pytest.terminal", "_pytest.fixtures",
-                    "_pytest.nodes", "_pytest.unittest", "_pytest.config", "pluggy._hooks",
-                    "pluggy._callers", "pluggy._manager", "pytest")
+                    "_pytest.nodes", "_pytest.unittest", "_pytest.config", "_pytest._code.code", "pluggy._hooks",
+                    "pluggy._callers", "pluggy._manager", "pytest",
+                    __name__, "builtins", "os", "posixpath")   # the verifier's own module and what it calls
 _STDLIB = tuple({sysconfig.get_paths()["stdlib"] + "/", "<frozen "})
 _PYTEST_PARTS = ("/_pytest/", "/pytest/", "/pluggy/")   # pytest's own code: the target reaching through it is the target
-_FRAME_ATTRS = {"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_code", "gi_code", "cr_code", "ag_code",
-                "__code__"}
-_ALWAYS = {"gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._getframe", "sys._current_frames",
+# every table below is immutable, and the functions that decide read them through values bound
+# when they were defined (default arguments), never through this module's names: rebinding one
+# of those (from the target, through sys.modules) changes nothing and is seen (the snapshot)
+_FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_code", "gi_code", "cr_code", "ag_code",
+                          "__code__"})
+_ALWAYS = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._getframe", "sys._current_frames",
            "sys._getframemodulename", "sys.settrace", "sys.setprofile", "marshal.load", "marshal.loads",
            "code.__new__", "compile", "exec", "sys.addaudithook", "os.fork", "os.forkpty", "os.posix_spawn",
            "os.spawn", "os.system", "os.exec", "os.kill", "os.killpg", "subprocess.Popen", "signal.pthread_kill",
-           "resource.setrlimit", "resource.prlimit", "os.putenv", "os.unsetenv"}
+           "resource.setrlimit", "resource.prlimit", "os.putenv", "os.unsetenv"})
 # stdlib functions that use frames or exec for their own bookkeeping and never hand them out
-_HONEST = {("logging/__init__.py", "findCaller"), ("collections/__init__.py", "namedtuple"),
-           ("typing.py", "_caller"), ("warnings.py", "warn"), ("warnings.py", "_next_external_frame"),
-           ("gettext.py", "c2py")}   # c2py: a catalogue's checked plural-forms expression
+_HONEST = frozenset({("logging/__init__.py", "findCaller"), ("collections/__init__.py", "namedtuple"),
+                    ("typing.py", "_caller"), ("warnings.py", "warn"), ("warnings.py", "_next_external_frame"),
+                    ("gettext.py", "c2py")})   # c2py: a catalogue's checked plural-forms expression
 _HONEST_MODULES = ("/dataclasses.py", "/enum.py", "/typing.py", "/platform.py")   # platform runs `uname -p`
-_PROCESS_EVENTS = {"subprocess.Popen", "os.posix_spawn", "os.fork", "os.exec"}
+_PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.posix_spawn", "os.fork", "os.exec"})
 _IMPORTING = ("<frozen importlib",)
 _TEST_DIRS = ("/tests/", "/test/", "/testing/")
 _PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
 _MAX_TEST_BYTES = 1 << 20
-# the runner's lines, fixed bytes made here: the test's process builds none of them with library code
-_LINES = {(phase, status): f"{phase} {status}\n".encode() for phase in ("setup", "call", "teardown", "report")
-          for status in ("ok", "failed", "skipped")}
+_exit_now = os._exit   # the real one: the runner's own exit (os._exit is guarded once installed)
 _ENTERED = "rlvr.target"   # the audit event the target's instrumented first statement raises
 _ENTER_CALL = f'__import__("sys").audit("{_ENTERED}")'
 
 
-def _test_file(path: str) -> bool:
-    base = os.path.basename(path)
-    return (any(d in path for d in _TEST_DIRS) or base.startswith("test_") or base.endswith("_test.py")
-            or base == "conftest.py" or path.startswith(_PLUGIN_DIR))
+def _test_file(path: str, _dirs=_TEST_DIRS, _plugin=_PLUGIN_DIR, _basename=os.path.basename, any=any) -> bool:
+    base = _basename(path)
+    return (any(d in path for d in _dirs) or base.startswith("test_") or base.endswith("_test.py")
+            or base == "conftest.py" or path.startswith(_plugin))
 
 
-def _source_of(pyc: str) -> str:
+def _source_of(pyc: str, _split=os.path.split, _basename=os.path.basename, _dirname=os.path.dirname,
+               _join=os.path.join) -> str:
     """The source file a bytecode file caches (pkg/__pycache__/mod.cpython-311.pyc -> pkg/mod.py)."""
-    folder, name = os.path.split(pyc)
-    if os.path.basename(folder) == "__pycache__":
-        return os.path.join(os.path.dirname(folder), name.split(".")[0] + ".py")
+    folder, name = _split(pyc)
+    if _basename(folder) == "__pycache__":
+        return _join(_dirname(folder), name.split(".")[0] + ".py")
     return pyc[:-1]
+
+
+def _target_test(target: str, lo: int, hi: int):
+    """is_target(code): the code is the target function's. Its values are default arguments (no
+    closure cell anyone could rewrite): a copy for each guard that needs one."""
+    def is_target(code, _target=target, _lo=lo, _hi=hi) -> bool:
+        return code.co_filename == _target and _lo <= code.co_firstlineno <= _hi
+    return is_target
 
 
 def _install() -> None:
@@ -103,17 +126,17 @@ def _install() -> None:
     lo, _, rest = rest.partition(":")
     hi, _, qualname = rest.partition(":")
     lo, hi = (int(lo), int(hi)) if lo else (0, -1)
-    allowed = set(filter(None, env.pop("RLVR_ALLOW", "").split(",")))
+    allowed = frozenset(filter(None, env.pop("RLVR_ALLOW", "").split(",")))
     deadline_s = float(env.pop("RLVR_TEST_DEADLINE", "30"))
     refused: list[str] = []
-    state = threading.local()
-    child = {"fd": -1, "pipe": None, "tainted": False}   # a runner: its pipe (set once by arm())
+    child = {"fd": -1, "pipe": None, "tainted": False, "pid": -1}   # a runner: its pipe and pid (set by arm())
     ran_here: list[str] = []   # the reporter: the target's code ran in it
 
+    # what these closures share only reports (refusals, the taint); what decides is the hook's own
     def arm(fd: int) -> None:
         if child["fd"] < 0:
             info = os.fstat(fd)
-            child["fd"], child["pipe"] = fd, (info.st_dev, info.st_ino)
+            child["fd"], child["pipe"], child["pid"] = fd, (info.st_dev, info.st_ino), os.getpid()
 
     def refuse(what: str) -> None:
         """Record a refusal; in a runner the reporter hears it at once."""
@@ -130,9 +153,33 @@ def _install() -> None:
         if child["fd"] < 0:
             if not ran_here:
                 ran_here.append(f"{qualname or 'the target'} ran while the tests were collected")
-        elif not child["tainted"]:
+        elif not child["tainted"] and os.getpid() == child["pid"]:   # not a worker a test forked
             child["tainted"] = True
             _raw_line(child["fd"], child["pipe"], b"tainted\n")
+
+    sys.addaudithook(_make_hook(target, lo, hi, allowed, entered, refuse))
+    import posix
+    os._exit = posix._exit = _guarded_exit(_exit_now, _target_test(target, lo, hi), refuse)
+    if target and qualname:
+        _instrument(target, qualname)
+    _make_undumpable()
+    _guard_threads(target, lo, hi, refuse)
+    _Reporter.settings = (host_fd, _target_test(target, lo, hi), target, qualname, deadline_s, refused, arm,
+                          tainted, ran_here, refuse)
+
+
+def _make_hook(target: str, lo: int, hi: int, allowed: frozenset, entered, refuse,
+               _getframe=sys._getframe, realpath=os.path.realpath, fsdecode=os.fsdecode, abspath=os.path.abspath,
+               test_file=_test_file, source_of=_source_of, local=threading.local, CodeType=types.CodeType,
+               frame_attrs=_FRAME_ATTRS, always=_ALWAYS, honest_fns=_HONEST, honest_modules=_HONEST_MODULES,
+               process_events=_PROCESS_EVENTS, stdlib=_STDLIB, pytest_parts=_PYTEST_PARTS, importing_from=_IMPORTING,
+               plugin_dir=_PLUGIN_DIR, entered_event=_ENTERED, isinstance=isinstance, getattr=getattr, str=str,
+               any=any, RuntimeError=RuntimeError):
+    """The audit hook. Everything it decides with is a local of this call (its parameters: the
+    builtins, the os and sys functions and the tables as they were at install), held only by the
+    hook, which nothing in Python can reach once it is installed: rebinding a module name, a
+    builtin or a function's closure cell from the target does not change what it refuses."""
+    state = local()
 
     def is_target(code) -> bool:
         return code.co_filename == target and lo <= code.co_firstlineno <= hi
@@ -142,10 +189,10 @@ def _install() -> None:
         or a function a test defines in its body (a lambda handed to the target), whose
         constants are the test's own arguments. A test's or helper's code stays refused."""
         code = getattr(obj, attr, None)
-        if f"object.__getattr__ {attr}" not in allowed or not isinstance(code, types.CodeType):
+        if f"object.__getattr__ {attr}" not in allowed or not isinstance(code, CodeType):
             return False
-        path = os.path.abspath(code.co_filename)
-        return not _test_file(path) or ("<locals>" in code.co_qualname and not path.startswith(_PLUGIN_DIR))
+        path = abspath(code.co_filename)
+        return not test_file(path) or ("<locals>" in code.co_qualname and not path.startswith(plugin_dir))
 
     def asked_by_target(frame, honest: bool, importing: bool) -> bool:
         """Is the target's code on the stack above this event, with only the standard library,
@@ -157,30 +204,30 @@ def _install() -> None:
             name = code.co_filename
             if is_target(code):
                 return True
-            if name.startswith(_PLUGIN_DIR):
+            if name.startswith(plugin_dir):
                 return False   # the harness's own guards (threads, os._exit) ask for themselves
-            if name.startswith(_STDLIB):
-                if importing and name.startswith(_IMPORTING):
+            if name.startswith(stdlib):
+                if importing and name.startswith(importing_from):
                     return False
-                if honest and (name.endswith(_HONEST_MODULES) or any(
-                        name.endswith("/" + f) and code.co_name == fn for f, fn in _HONEST) or (
+                if honest and (name.endswith(honest_modules) or any(
+                        name.endswith("/" + f) and code.co_name == fn for f, fn in honest_fns) or (
                         name.endswith("/inspect.py") and ("signature" in code.co_name or code.co_name in
                                                           ("from_callable", "unwrap", "_has_code_flag")))):
                     return False
-            elif not (any(p in name for p in _PYTEST_PARTS) or _test_file(name)):
+            elif not (any(p in name for p in pytest_parts) or test_file(name)):
                 return False   # the library under test (or another installed one) asked
             frame = frame.f_back
         return False
 
     def hook(event: str, args: tuple) -> None:
-        if event == _ENTERED:
+        if event == entered_event:
             entered()
             return
         if getattr(state, "busy", False):
             return
         imported_pyc = False   # an open of a library module's bytecode: the import system's read
         if event == "object.__getattr__":
-            if args[1] not in _FRAME_ATTRS:
+            if args[1] not in frame_attrs:
                 return
         elif event in ("object.__setattr__", "object.__delattr__"):
             if args[1] not in ("__code__", "__defaults__", "__kwdefaults__"):
@@ -189,24 +236,24 @@ def _install() -> None:
             if isinstance(args[0], int) or (isinstance(args[0], str) and args[0].startswith("/")
                                              and not args[0].startswith(("/repo/", "/proc/", "/dev/"))):
                 return
-            path = os.path.realpath(os.fsdecode(args[0]))   # relative, /proc/self/cwd, symlinks
+            path = realpath(fsdecode(args[0]))   # relative, /proc/self/cwd, symlinks
             if not path.startswith("/repo/"):
                 return
-            if not (_test_file(path) or path.endswith(".pyc")):
+            if not (test_file(path) or path.endswith(".pyc")):
                 return
-            imported_pyc = path.endswith(".pyc") and not _test_file(_source_of(path))
+            imported_pyc = path.endswith(".pyc") and not test_file(source_of(path))
         elif event in ("os.listdir", "os.scandir"):   # e.g. /proc/self/fd
             if not str(args[0]).startswith(("/proc", "/dev/fd")):
                 return
         elif event == "import":
             if args[0].split(".")[0] not in ("ctypes", "_ctypes", "gc", "rlvr_verify", "posix", "_posixsubprocess"):
                 return
-        elif not (event in _ALWAYS or event.startswith("ctypes.")):
+        elif not (event in always or event.startswith("ctypes.")):
             return
         state.busy = True
         try:
-            caller = sys._getframe(1)
-            honest = event in ("sys._getframe", "compile", "exec", "object.__getattr__") or event in _PROCESS_EVENTS
+            caller = _getframe(1)
+            honest = event in ("sys._getframe", "compile", "exec", "object.__getattr__") or event in process_events
             importing = event in ("compile", "exec", "marshal.loads", "marshal.load") or imported_pyc
             if not asked_by_target(caller, honest, importing):
                 return
@@ -220,12 +267,7 @@ def _install() -> None:
             state.busy = False
         raise RuntimeError(f"refused by the test harness: {what}")
 
-    sys.addaudithook(hook)
-    if target and qualname:
-        _instrument(target, qualname)
-    _make_undumpable()
-    _Reporter.settings = (host_fd, is_target, target, qualname, deadline_s, refused, _guard_threads(is_target, refuse), arm,
-                          tainted, ran_here, refuse)
+    return hook
 
 
 def _raw_line(fd: int, pipe: tuple, data: bytes, _write=os.write, _fstat=os.fstat) -> None:
@@ -287,26 +329,27 @@ def _make_undumpable() -> None:
         raise RuntimeError("rlvr_verify: prctl(PR_SET_DUMPABLE, 0) failed; the result pipe would be reachable")
 
 
-def _guard_threads(is_target, refuse):
-    """Threads the target starts are refused (3.11 raises no audit event for them, and a thread's
-    stack does not hold the frame that started it). Returns the switch that arms the guard."""
+def _guard_threads(target: str, lo: int, hi: int, refuse) -> None:
+    """Threads the target starts in a runner are refused (3.11 raises no audit event for them, and
+    a thread's stack does not hold the frame that started it). Armed in every process but the
+    reporter (a runner is a fork: another pid); its values are default arguments, so the guard
+    reached as `_thread.start_new_thread` has no state to rewrite."""
     import _thread
-    start = _thread.start_new_thread
-    armed = []
 
-    def guarded(function, *args, **kwargs):
-        if armed:
-            frame = sys._getframe(1)
+    def guarded(function, args, kwargs=None, _start=_thread.start_new_thread, _reporter=os.getpid(),
+                _getpid=os.getpid, _getframe=sys._getframe, _is_target=_target_test(target, lo, hi),
+                _refuse=refuse, RuntimeError=RuntimeError):
+        if _getpid() != _reporter:
+            frame = _getframe(1)
             while frame is not None:
-                if is_target(frame.f_code):
-                    refuse("a thread start")
+                if _is_target(frame.f_code):
+                    _refuse("a thread start")
                     raise RuntimeError("refused by the test harness: a thread started by the target")
                 frame = frame.f_back
-        return start(function, *args, **kwargs)
+        return _start(function, args) if kwargs is None else _start(function, args, kwargs)
 
     _thread.start_new_thread = _thread.start_new = guarded
     threading._start_new_thread = guarded
-    return armed
 
 
 def _snapshot() -> tuple:
@@ -318,19 +361,31 @@ def _snapshot() -> tuple:
         if mod is None:
             continue
         space = vars(mod)
+        stdlib = modname in ("builtins", "os", "posixpath")   # their data includes lazy caches (posixpath._varprog)
         for name, value in list(space.items()):
+            if stdlib and not callable(value):
+                continue
             snap.append((space, name, value))
-            if isinstance(value, type) and value.__module__ == modname:
+            if isinstance(value, type) and value.__module__ == modname and modname != "builtins":
                 members = vars(value)
                 snap += [(members, attr, member) for attr, member in list(members.items())]
     return tuple(snap)
 
 
-def _changed(snap: tuple) -> list[str]:
+def _instance_snapshot(obj) -> tuple:
+    """An object's own attributes as snapshot triples (the reporter, once its runner set it up)."""
+    space = vars(obj)
+    return tuple((space, name, value) for name, value in list(space.items()))
+
+
+def _changed(snap: tuple, _missing=object(), isinstance=isinstance) -> list[str]:
     """The names of a snapshot that no longer hold the same object."""
-    missing = object()
-    return [f"{getattr(space, '__name__', '')}{'.' if hasattr(space, '__name__') else ''}{name}"
-            for space, name, value in snap if space.get(name, missing) is not value]
+    out = []
+    for space, name, value in snap:
+        if space.get(name, _missing) is not value:
+            where = space.get("__name__") or space.get("__qualname__") or "the reporter"
+            out.append(f"{where if isinstance(where, str) else '?'}.{name}")
+    return out
 
 
 def _hooks(pm) -> set:
@@ -374,10 +429,10 @@ def _codes_of(obj, depth: int = 0, seen: set | None = None) -> list:
     return found
 
 
-def _status(excinfo) -> str:
+def _status(excinfo, _skipped=Skipped) -> str:
     if excinfo is None:
         return "ok"
-    if excinfo.errisinstance(Skipped):
+    if excinfo.errisinstance(_skipped):
         return "skipped"
     return "failed"
 
@@ -437,8 +492,10 @@ class _Runner:
             self.open = False
 
     def result(self, index: int, deadline_s: float) -> tuple[list[str], int | None, list[str], bool]:
-        """Test `index`'s lines. While the target has not run in this process its lines end at
-        `done index`; once it has, every later line is that test's and the process must end."""
+        """Test `index`'s lines, the exit status if the process ended, notes, whether it ended
+        (self.tainted: whether the target ran in it). While the target has not run in this
+        process its lines end at `done index`; once it has, every later line is that test's and
+        the process must end."""
         notes: list[str] = []
         deadline = time.monotonic() + deadline_s
         mine: list[str] = []
@@ -471,7 +528,7 @@ class _Reporter:
 
     def __init__(self, config) -> None:
         (self.fd, self.is_target, self.target, self.qualname, self.deadline_s, self.refused,
-         self.threads_armed, self.arm, self.tainted, self.ran_in_reporter, self.refuse) = self.settings
+         self.arm, self.tainted, self.ran_in_reporter, self.refuse) = self.settings
         self.pm = config.pluginmanager
         self.items: list = []
         self.index: dict[int, int] = {}
@@ -532,7 +589,7 @@ class _Reporter:
                 self.runner.kill()
             self.runner = self._start(index)
         lines, status, notes, ended = self.runner.result(index, self.deadline_s)
-        outcome = _decide(lines, status, notes, ended)
+        outcome = _decide(lines, status, notes, ended, self.runner.tainted)
         if outcome == "passed" and item.get_closest_marker("xfail") is not None:
             outcome = "xpassed"  # not a plain pass: excluded from PASS_TO_PASS when mining
         self.tampered += [f"{item.nodeid}: {n[len('tampered: '):]}" for n in notes if n.startswith("tampered")]
@@ -556,11 +613,10 @@ class _Reporter:
     # --- a runner -------------------------------------------------------------------
     def _run(self, first: int, fd: int) -> None:
         """Run the tests from `first` on until the target's code has run (then that test is
-        this process's last) and exit. What the lines depend on is bound here, before any
-        test runs; os._exit is the target's no more."""
-        import posix
-
-        exit_ = os._exit
+        this process's last: its checks, `checked`, and the exit). Everything the lines and the
+        checks depend on is bound here, before any test runs, to locals of this frame (which the
+        target cannot reach) or to default arguments; the line texts are constants."""
+        exit_ = _exit_now
         status = 3   # the runner could not finish its lines: its test fails on this status
         try:
             if self.fd >= 0:
@@ -568,24 +624,22 @@ class _Reporter:
             self.fd = -1
             info = os.fstat(fd)
             pipe = (info.st_dev, info.st_ino)
-            lines, raw_line, tainted = _LINES, _raw_line, self.tainted
-            machinery, hookimpls, items, identities = self.machinery, self.hookimpls, self.items, self.identities
-
-            def line(phase: str, status: str) -> None:
-                raw_line(fd, pipe, lines[(phase, status)])
-
+            raw_line, tainted, changes, guard = _raw_line, self.tainted, _changes, _guarded_runtest
+            items, identities = tuple(self.items), dict(self.identities)
+            machinery, hookimpls, pm = self.machinery, self.hookimpls, self.pm
+            line = _line_writer(fd, pipe)
             self.line = line
             self.arm(fd)
-            self.threads_armed.append(True)
-            os._exit = posix._exit = _guarded_exit(exit_, self.is_target, self.refuse)
+            own = _instance_snapshot(self)   # the reporter as this runner set it up
             for index in range(first, len(items)):
                 item = items[index]
                 raw_line(fd, pipe, f"start {index}\n".encode())
-                item.runtest = _guarded_runtest(item, item.runtest, line)
+                item.runtest = guard(item, item.runtest, line)
                 item.ihook.pytest_runtest_protocol(item=item, nextitem=items[index + 1] if index + 1 < len(items) else None)
                 if tainted():
-                    for note in _changes(item, identities.get(item.nodeid), machinery, hookimpls, self.pm):
+                    for note in changes(item, identities.get(item.nodeid), machinery, own, hookimpls, pm):
                         raw_line(fd, pipe, ("tampered " + note.replace("\n", " ")[:500] + "\n").encode("utf-8", "replace"))
+                    raw_line(fd, pipe, b"checked\n")
                 raw_line(fd, pipe, f"done {index}\n".encode())
                 if tainted():
                     break
@@ -593,9 +647,11 @@ class _Reporter:
         except BaseException:
             pass
         finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            exit_(status)
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                exit_(status)
 
     @pytest.hookimpl(hookwrapper=True, tryfirst=True)
     def pytest_runtest_call(self, item):
@@ -603,7 +659,7 @@ class _Reporter:
         yield
 
     @pytest.hookimpl(hookwrapper=True, tryfirst=True)
-    def pytest_runtest_makereport(self, item, call):
+    def pytest_runtest_makereport(self, item, call, _status=_status):
         """Setup and teardown outcomes (the call's own is written by the guarded call); a
         failure seen here in the call phase too (a unittest item's) downgrades it."""
         if self.line is None:
@@ -647,62 +703,99 @@ class _Reporter:
         self.write({"finished": True, "tampered": self.tampered + late, "refused": list(self.refused)})
 
 
-def _guarded_runtest(item, runtest, line):
-    """The test's call; its raw outcome is written before any hook or report sees it."""
-    before = _identity(item)
-
-    def guarded():
-        try:
-            runtest()
-        except BaseException as exc:
-            line("call", "skipped" if isinstance(exc, Skipped) else "failed")
-            raise
-        pending = getattr(item, "_excinfo", None)   # unittest items keep failures here
-        if pending:
-            line("call", "skipped" if all(e.errisinstance(Skipped) for e in pending) else "failed")
+def _line_writer(fd: int, pipe: tuple):
+    """line(phase, status): the runner's line for it, a constant of the code below (no table to
+    rewrite), written with the values bound as default arguments. A report line only ever says
+    failed or skipped: `report ok` is no line of the runner's."""
+    def line(phase: str, status: str, _fd=fd, _pipe=pipe, _raw=_raw_line) -> None:
+        if phase == "setup":
+            data = b"setup ok\n" if status == "ok" else b"setup skipped\n" if status == "skipped" else b"setup failed\n"
+        elif phase == "call":
+            data = b"call ok\n" if status == "ok" else b"call skipped\n" if status == "skipped" else b"call failed\n"
+        elif phase == "teardown":
+            data = (b"teardown ok\n" if status == "ok" else b"teardown skipped\n" if status == "skipped"
+                    else b"teardown failed\n")
         else:
-            line("call", "failed" if _identity(item) != before else "ok")
+            data = b"report skipped\n" if status == "skipped" else b"report failed\n"
+        _raw(_fd, _pipe, data)
+    return line
+
+
+def _guarded_runtest(item, runtest, line, _identity=_identity):
+    """The test's call; its raw outcome is written before any hook or report sees it, by code
+    whose every value is a default argument."""
+    def guarded(_runtest=runtest, _item=item, _before=_identity(item), _line=line, _identity=_identity,
+                _skipped=Skipped, _getattr=getattr, _all=all, isinstance=isinstance, BaseException=BaseException):
+        try:
+            _runtest()
+        except BaseException as exc:
+            _line("call", "skipped" if isinstance(exc, _skipped) else "failed")
+            raise
+        pending = _getattr(_item, "_excinfo", None)   # unittest items keep failures here
+        if pending:
+            _line("call", "skipped" if _all(e.errisinstance(_skipped) for e in pending) else "failed")
+        else:
+            _line("call", "failed" if _identity(_item) != _before else "ok")
     return guarded
 
 
 def _guarded_exit(exit_, is_target, refuse):
     """os._exit while a test runs: refused to the target (it would end the test's process
     after forging its lines); a worker process a test forks (multiprocessing) still uses it."""
-    def _exit(code):
-        frame = sys._getframe(1)
+    def _exit(code, _exit_=exit_, _is_target=is_target, _refuse=refuse, _getframe=sys._getframe,
+              RuntimeError=RuntimeError):
+        frame = _getframe(1)
         while frame is not None:
-            if is_target(frame.f_code):
-                refuse("os._exit")
+            if _is_target(frame.f_code):
+                _refuse("os._exit")
                 raise RuntimeError("refused by the test harness: os._exit from the target")
             frame = frame.f_back
-        exit_(code)
+        _exit_(code)
     return _exit
 
 
-
-def _changes(item, identity, machinery: tuple, hookimpls: frozenset, pm) -> list[str]:
-    """What a test's process changed of what the reporter saw (the fork kept the ids)."""
+def _changes(item, identity, machinery: tuple, own: tuple, hookimpls: frozenset, pm, _identity=_identity,
+             _changed=_changed, _hooks=_hooks, sorted=sorted, str=str) -> list[str]:
+    """What a test's process changed of what the reporter saw (the fork kept the ids): the test,
+    pytest's and the verifier's modules, the builtins, the reporter, the plugins and hooks."""
     notes = []
     if identity != _identity(item):
         notes.append("test function replaced")
-    changed = _changed(machinery)
+    changed = _changed(machinery) + _changed(own)
     if changed:
-        notes.append(f"pytest internals changed: {changed[:5]}")
+        notes.append(f"pytest or verifier internals changed: {changed[:5]}")
     hooks = _hooks(pm)
     if hooks != hookimpls:
         notes.append(f"plugins or hook implementations changed: {sorted(str(h[:2]) for h in hooks ^ hookimpls)[:5]}")
     return notes
 
 
-def _decide(lines: list[str], status: int | None, notes: list[str], ended: bool) -> str:
+_PHASES = ("setup", "call", "teardown")
+_STATUSES = ("ok", "failed", "skipped")
+
+
+def _decide(lines: list[str], status: int | None, notes: list[str], ended: bool, tainted: bool = False) -> str:
     """A test passed only if its lines say ok for every phase. A test the target's code ran in
-    must also be its process's last, ended through the runner with status 0; lines a forger
-    adds can only lower the outcome (the worst line of a phase wins, a missing one fails)."""
+    must also be its process's last, checked by its runner (`checked`) and ended through the
+    runner with status 0. The lines are held to what the runner writes: each phase once and in
+    order, report lines only for failures, nothing the runner does not write; any other line
+    is tampering (only a forger writes one), and lines added can only lower the outcome."""
     phases: dict[str, set[str]] = {}
+    order: list[str] = []
+    checked = 0
     for line in lines:
         word, _, rest = line.partition(" ")
-        if word in ("setup", "call", "teardown", "report") and rest in ("ok", "failed", "skipped"):
+        if word in _PHASES and rest in _STATUSES:
+            if word in phases:
+                notes.append(f"tampered: the {word} phase reported twice")
+            elif order and _PHASES.index(word) < _PHASES.index(order[-1]):
+                notes.append(f"tampered: the {word} phase reported after {order[-1]}")
             phases.setdefault(word, set()).add(rest)
+            order.append(word)
+        elif word == "report" and rest in ("failed", "skipped"):
+            phases.setdefault(word, set()).add(rest)
+        elif line == "checked":
+            checked += 1
         elif word in ("tampered", "refused"):
             notes.append(f"{word}: {rest}")
         elif word not in ("start", "done"):
@@ -715,12 +808,15 @@ def _decide(lines: list[str], status: int | None, notes: list[str], ended: bool)
         return "failed"
     if ended and not any(line.startswith("done ") for line in lines):
         return "failed"
+    if tainted and checked != 1:
+        notes.append("tampered: the runner did not check its process once after the target ran")
+        return "failed"
     seen = set().union(*phases.values()) if phases else set()
     if "failed" in seen:
         return "failed"
     if "skipped" in seen:
         return "skipped"
-    if all(phases.get(p) == {"ok"} for p in ("setup", "call", "teardown")):
+    if all(phases.get(p) == {"ok"} for p in _PHASES):
         return "passed"
     return "failed"
 

@@ -43,6 +43,9 @@ def test_mined_tasks_are_complete_and_consistent(mined):
         assert t.solved_source(stubbed) == original
         assert t.qualname in t.problem_statement and t.module_path in t.problem_statement
         assert Task.from_json(t.to_json()) == t
+        # the differential gate's inputs were recorded (or the task says why there are none)
+        assert {"calls", "perturbed", "seen", "note"} <= set(t.gate) and (t.gate["calls"] or t.gate["note"]), t.gate
+    assert any(t.gate["calls"] for t in tasks) or all(t.gate["note"] for t in tasks)
 
 
 def test_mining_matches_the_shipped_task_file(mined):

@@ -27,6 +27,8 @@ from tests.fixtures.tamper_attacks import (
     LOADER_PYC,
     RESULT_CHANNEL,
     TEST_CODE_VIA_GLOBALS,
+    VERIFIER_REBIND,
+    VERIFIER_STATE,
     WRONG,
     WRONG_FREQ,
     _indent,
@@ -139,6 +141,22 @@ def test_the_code_under_test_cannot_write_the_result(frequencies_task, name, tmp
     _, run = _run_unscreened(frequencies_task, RESULT_CHANNEL[name], tmp_path.name)
     outcomes = [run.outcomes.get(t) for t in frequencies_task.fail_to_pass]
     assert outcomes and all(o != "passed" for o in outcomes), (outcomes, run.tampered, run.output[-2000:])
+    if name == "forged lines":   # the reporter holds the lines to the runner's: a phase twice, `report ok`
+        assert any("reported twice" in t or "does not write" in t for t in run.tampered), run.tampered
+
+
+@pytest.mark.parametrize("body", [VERIFIER_STATE, VERIFIER_REBIND], ids=["line-table", "line-writer"])
+def test_rewriting_the_verifiers_state_is_refused(frequencies_task, body, tmp_path):
+    """The screen bypassed: the verifier's module and its reporter reached through sys.modules,
+    its line table and line writer rewritten so every phase says ok. The call's line is a
+    constant written by code whose values are default arguments, and the runner's check after
+    the target ran sees the rebound names: no test passes, and the run is tampered."""
+    checked, run = _run_unscreened(frequencies_task, body, tmp_path.name)
+    assert checked.flags   # the screen refuses it first (sys.modules, an aliased getattr, chr names)
+    outcomes = [run.outcomes.get(t) for t in frequencies_task.fail_to_pass]
+    assert outcomes and all(o != "passed" for o in outcomes), (outcomes, run.tampered, run.output[-2000:])
+    if body is VERIFIER_REBIND:
+        assert any("internals changed" in t and "line" in t for t in run.tampered), (run.tampered, run.output[-2000:])
 
 
 @pytest.fixture(scope="module")
