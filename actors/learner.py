@@ -28,6 +28,7 @@ from modeling.fused_logprob import chunked_target_logprobs, naive_target_logprob
 from modeling.learner_memory import (
     linear_attention_segments,
     peak_memory_gib,
+    release_free_heap,
     reset_peak_memory,
     segment_linear_attention,
     tile_mlps,
@@ -272,6 +273,7 @@ class Learner:
             # a card shared with a sleeping engine: hand the step's activation memory back before it wakes,
             # so the cap bounds the learner while it trains, not the card while both are awake
             torch.cuda.empty_cache()
+        release_free_heap(self.device)
         return out
 
     def _micro_step(self, batch: list[TrainSample], weights: list[float]) -> torch.Tensor:

@@ -34,10 +34,14 @@ def train(args) -> int:
     started = time.time()
     cfg, run_dir = run_config(args)
     from cli.doctor import start_preflight
+    from orchestrator.cluster import ActorLost
     from orchestrator.pipeline import run_pipeline  # heavy (ray, torch): after the config, before preflight
     preflight = start_preflight(cfg)  # waited on before any actor starts: a missing sandbox or model fails there
     deadline = started + args.time_limit if args.time_limit else None
-    run_pipeline(cfg, run_dir, resume=bool(args.resume), preflight=preflight, deadline=deadline)
+    try:
+        run_pipeline(cfg, run_dir, resume=bool(args.resume), preflight=preflight, deadline=deadline)
+    except ActorLost as e:  # a dead node or a memory kill: the one line says it all, a traceback would bury it
+        raise SystemExit(f"[rlvr] {e}") from None
     return 0
 
 

@@ -152,3 +152,20 @@ def peak_memory_gib(device: torch.device) -> float:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 2**20
     raise RuntimeError("VmHWM missing from /proc/self/status")
+
+
+def release_free_heap(device: torch.device) -> None:
+    """On CPU, hand the heap's free pages back to the OS (glibc's malloc_trim).
+
+    glibc keeps the memory of freed tensors in its arenas -- one per allocating thread, and
+    activations of a few MB each land there, not in their own mappings -- so after a long
+    sequence's update the process stays at that update's peak: the learner's RSS is then the
+    largest peak so far, not this step's (docs/results/learner-memory-cpu). Called once a step.
+    """
+    if device.type != "cpu" or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    if hasattr(libc, "malloc_trim"):  # glibc; musl has none and keeps no such arenas
+        libc.malloc_trim(0)

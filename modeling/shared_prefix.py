@@ -46,17 +46,42 @@ def common_prefix_length(batch: list[TrainSample]) -> int:
     return max(n, 0)
 
 
+# What one query-key pair of attention costs, in tokens of the rest of the model (forward, recompute
+# and backward of every linear layer): measured on SmolLM2-135M under bf16 autocast on a 2-core CPU
+# (docs/results/learner-memory-cpu/README.md: 38 s of SDPA for 15.8M pairs a layer, 27 s for the rest
+# of 9,535 tokens). It only decides which samples share a row, never what a row computes.
+PAIR_COST = 8.5e-4
+
+
+def row_cost(prefix: int, lengths: list[int]) -> float:
+    """Token-equivalents of one row: its tokens, plus its attention pairs. The prefix attends
+    causally once; each remainder attends to the whole prefix and to itself under a mask, which
+    the attention kernel computes in full (no causal skipping): remainder x its whole length.
+    A lone sample (or a row with no common prefix) is plain causal attention per span."""
+    if len(lengths) < 2 or prefix == 0:
+        return sum(n + PAIR_COST * n * n / 2 for n in lengths)
+    tokens = prefix + sum(n - prefix for n in lengths)
+    return tokens + PAIR_COST * (prefix * prefix / 2 + sum((n - prefix) * n for n in lengths))
+
+
 def prefix_micro_batches(samples: list[TrainSample], budget: int) -> list[list[TrainSample]]:
     """Greedy in order, like modeling.packing.micro_batches, counting a micro-batch as its row will
-    be computed: the common prefix once plus every sample's remainder. The prefix is kept
-    incrementally (adding a sample can only shorten it), so planning is linear in the tokens."""
+    be computed: the common prefix once plus every sample's remainder. A sample joins the row
+    when that stays within the budget and costs no more than training it alone (row_cost): an
+    episode's re-rendered sequences, which repeat its whole history, join; long samples that
+    share only a short prompt train alone, since a remainder's masked attention to the prefix
+    would cost more than the prompt's tokens save. The prefix is kept incrementally (adding a
+    sample can only shorten it), so planning is linear in the tokens."""
     batches: list[list[TrainSample]] = []
     current: list[TrainSample] = []
     n = total = 0  # the current batch's running prefix bound (first sample's length - 1) and token count
     for s in samples:
         if current:
             m = _shared(current[0].token_ids, n, s.token_ids)
-            if m + (total + len(s.token_ids)) - m * (len(current) + 1) <= budget:
+            lengths = [len(x.token_ids) for x in current]
+            if (m + (total + len(s.token_ids)) - m * (len(current) + 1) <= budget
+                    and row_cost(m, lengths + [len(s.token_ids)])
+                    <= row_cost(n if len(current) > 1 else 0, lengths) + row_cost(0, [len(s.token_ids)])):
                 current, n, total = current + [s], m, total + len(s.token_ids)
                 continue
             batches.append(current)

@@ -18,6 +18,7 @@ adds custom resources to a role's bundles, pinning it to the nodes that offer th
 from __future__ import annotations
 
 import os
+import re
 import time
 from functools import partial
 from pathlib import Path
@@ -176,17 +177,81 @@ class Placement:
             time.sleep(1.0)
 
 
+class ActorLost(RuntimeError):
+    """One of a run's actors is gone -- its node died, or Ray's memory monitor killed it; the
+    message says which, where the run stands, and the resume command (`rlvr train` prints it
+    as one line, without a traceback)."""
+
+
+def causes(error: BaseException | None):
+    """The error and the ones it was raised from or during."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def _resume_hint(checkpoint: int | None, run_dir: Path) -> str:
+    kept = f"its last checkpoint is step {checkpoint}" if checkpoint else "it has no checkpoint yet (a resume starts over)"
+    run = Path(run_dir).resolve()
+    return (f"The run directory keeps every finished episode of the step and {kept}; resume with "
+            f"`rlvr train --resume {run}` (under `ray job submit`, the entrypoint "
+            f"`python -m cli.main train --resume {run}`)")
+
+
 def node_died_message(dead: dict[str, list[str]], step: int, checkpoint: int | None, run_dir: Path,
                       error: BaseException) -> str:
     """What a run that lost a node says: which actors, where, the step, and how to resume."""
     lost = "; ".join(f"{', '.join(names)} on {address}" for address, names in dead.items())
     first = (str(error).strip().splitlines() or [""])[0][:300]
-    kept = f"its last checkpoint is step {checkpoint}" if checkpoint else "it has no checkpoint yet (a resume starts over)"
-    return (f"node died during step {step}: {lost} went with it ({type(error).__name__}: {first}). The run "
-            f"directory keeps every finished episode of the step and {kept}; resume with "
-            f"`rlvr train --resume {Path(run_dir).resolve()}` (under `ray job submit`, the entrypoint "
-            f"`python -m cli.main train --resume {Path(run_dir).resolve()}`) once the cluster offers the "
-            "node's resources again.")
+    return (f"node died during step {step}: {lost} went with it ({type(error).__name__}: {first}). "
+            f"{_resume_hint(checkpoint, run_dir)} once the cluster offers the node's resources again.")
+
+
+# Ray's memory monitor (the raylet) words every kill this way, in the OutOfMemoryError a caller
+# gets and in the dead actor's death cause alike (Ray 2.60)
+_OOM_MARK = "killed due to the node running low on memory"
+
+
+def memory_kill_report(error: BaseException, names: list[str]) -> str | None:
+    """The memory monitor's report of a kill behind `error`, or None: from the error chain (a call
+    on the killed actor raises ray.exceptions.OutOfMemoryError; an actor error may carry the
+    same words), else from the death cause Ray keeps for a dead actor among `names` (one whose
+    death surfaced another way: a rollout worker's episodes failing through its server)."""
+    for c in causes(error):
+        if isinstance(c, ray.exceptions.OutOfMemoryError) or (
+                isinstance(c, ray.exceptions.RayActorError) and _OOM_MARK in str(c)):
+            return str(c)
+    if not names:
+        return None
+    from ray._private.state import actors  # the GCS actor table: the death causes (no dashboard needed)
+
+    for info in actors(job_id=ray.JobID.from_hex(ray.get_runtime_context().get_job_id()),
+                       actor_state_name="DEAD").values():
+        cause = str(info.get("DeathCause", ""))
+        if info.get("Name") in names and "oom_context" in cause:
+            return cause.replace("\\n", "\n")
+    return None
+
+
+def memory_killed_message(report: str, step: int, checkpoint: int | None, run_dir: Path) -> str:
+    """One line from the memory monitor's report: which actor, the memory it held, the node's use
+    against Ray's kill threshold, and how to resume."""
+    def find(pattern: str) -> re.Match | None:
+        return re.search(pattern, report)
+
+    name, held = find(r"task name=([^:,\s]+)"), find(r"actual memory used=([0-9.]+) ?GB")
+    node, threshold = find(r"was ([0-9.]+) ?GB used / ([0-9.]+) ?GB limit"), find(r"threshold of \d+B \(([0-9.]+)%")
+    who = name.group(1) if name else "an actor of this run"
+    parts = [f"it held {float(held.group(1)):.1f} GB"] if held else []
+    if node:
+        parts.append(f"the node had {float(node.group(1)):.1f} GB of its {float(node.group(2)):.1f} GB in use"
+                     + (f", past Ray's kill threshold of {float(threshold.group(1)):.0f}%" if threshold else ""))
+    when = f"during step {step}" if step else "while the run started"
+    return (f"{who} was killed by Ray's memory monitor {when}"
+            + (f" ({'; '.join(parts)})" if parts else "") + f". {_resume_hint(checkpoint, run_dir)} when the "
+            "node has more memory free (RAY_memory_usage_threshold, read when Ray starts, moves the threshold).")
 
 
 def placement_failure(cfg: RunConfig, flat: list[dict], cluster: dict, nodes: list[dict] = ()) -> str:

@@ -32,7 +32,17 @@ import ray
 
 from modeling.default_model import model_dir, resolve_model_path
 from orchestrator.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
-from orchestrator.cluster import Placement, connect, node_died_message, spawn_learners, spawn_rollout_workers
+from orchestrator.cluster import (
+    ActorLost,
+    Placement,
+    causes,
+    connect,
+    memory_kill_report,
+    memory_killed_message,
+    node_died_message,
+    spawn_learners,
+    spawn_rollout_workers,
+)
 from orchestrator.console import Console
 from orchestrator.episode_store import EpisodeStore
 from orchestrator.metrics import MetricsLog, read_metrics, step_time_budget, timed
@@ -166,20 +176,28 @@ class Trainer:
     # ---- the loop ----------------------------------------------------------------
     def run(self) -> Path:
         self._start(roll_first_step=True)
-        first = self._restore()
         try:
-            return self._run(first)
+            return self._run(self._restore())
         except Exception as e:
-            lost = self._node_death(e)
+            lost = self._memory_kill(e) or self._node_death(e)
             if lost is None:
                 raise
-            raise RuntimeError(lost) from e
+            raise ActorLost(lost) from e
+
+    def _memory_kill(self, error: Exception) -> str | None:
+        """What to say when Ray's memory monitor killed an actor of this run (which, its memory,
+        the threshold, the resume command); None when it did not."""
+        report = memory_kill_report(error, list(self.placement.names.values()))
+        if report is None:
+            return None
+        found = latest_checkpoint(self.run_dir)
+        return memory_killed_message(report, self._step, found[0] if found else None, self.run_dir)
 
     def _node_death(self, error: Exception) -> str | None:
         """What to say when a node with actors of this run died (their names, the resume
         command); None when none did. After an actor error, Ray may take a while to declare its
         node dead."""
-        actor_error = any(isinstance(c, ray.exceptions.RayActorError) for c in _causes(error))
+        actor_error = any(isinstance(c, ray.exceptions.RayActorError) for c in causes(error))
         dead = self.placement.lost_nodes(wait_s=60.0 if actor_error else 0.0)
         if not dead:
             return None
@@ -338,15 +356,6 @@ def _refuse_all_failed(step: int, episodes: list[Episode]) -> None:
     if all(e.record.stop_reason == "error" for e in episodes):
         first = episodes[0].record
         raise RuntimeError(f"every rollout of step {step} failed; the first: {first.error or first.reward_error}")
-
-
-def _causes(error: BaseException | None):
-    """The error and the ones it was raised from or during."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        error = error.__cause__ or error.__context__
 
 
 def _tuple_state(state):

@@ -8,7 +8,13 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from actors.learner import Learner
-from modeling.shared_prefix import common_prefix_length, prefix_micro_batches, prefix_row, shared_prefix_rows
+from modeling.shared_prefix import (
+    common_prefix_length,
+    prefix_micro_batches,
+    prefix_row,
+    row_cost,
+    shared_prefix_rows,
+)
 from rl.config import LearnerConfig, LoraConfig, ModelConfig
 from rl.types import TrainSample
 from tests.fixtures.models import VOCAB, qwen35
@@ -38,6 +44,26 @@ def test_micro_batches_count_the_prefix_once():
     assert [s for g in split for s in g] == batch and len(split) > 1
 
 
+def test_long_samples_behind_a_short_prompt_train_alone_but_re_rendered_histories_share_a_row():
+    """A pi group: a 1.1k-token prompt before 2-3k tokens of each episode's own; one episode's
+    three sequences repeat its 7.6k-token history (a re-rendered call). Attention to the prompt
+    would cost more than its tokens save; the history is computed once."""
+    rng = random.Random(1)
+    prompt = [rng.randrange(VOCAB) for _ in range(1100)]
+
+    def sample(ids):
+        return TrainSample(ids, [0] * (len(ids) - 1) + [1], [0.0] * len(ids), advantage=1.0)
+
+    def own(n):
+        return [rng.randrange(VOCAB) for _ in range(n)]
+
+    history = prompt + own(6500)
+    group = [sample(prompt + own(2000)), sample(prompt + own(3000)),
+             sample(history + own(70)), sample(history + own(190)), sample(history + own(290))]
+    assert prefix_micro_batches(group, 8192) == [[group[0]], [group[1]], group[2:]]
+    assert prefix_micro_batches(group, 7900) == [[group[0]], [group[1]], group[2:4], [group[4]]], "budget still binds"
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=8), min_size=1, max_size=8), st.integers(2, 40))
 def test_micro_batches_equal_recounting_each_trial(seqs, budget):
@@ -47,7 +73,9 @@ def test_micro_batches_equal_recounting_each_trial(seqs, budget):
     for s in samples:
         trial = current + [s]
         p = common_prefix_length(trial)
-        if current and p + sum(len(x.token_ids) - p for x in trial) > budget:
+        lengths = [len(x.token_ids) for x in trial]
+        if current and (p + sum(n - p for n in lengths) > budget or row_cost(p, lengths) > row_cost(
+                common_prefix_length(current), lengths[:-1]) + row_cost(0, lengths[-1:])):
             expected.append(current)
             trial = [s]
         current = trial

@@ -175,6 +175,44 @@ def test_a_lost_node_names_its_actors_the_step_and_the_resume_command(tmp_path):
     assert "last checkpoint is step 2" in msg and f"`rlvr train --resume {tmp_path / 'run'}`" in msg
 
 
+def test_a_memory_kill_report_becomes_one_line_naming_actor_memory_threshold_and_resume(tmp_path):
+    """The memory monitor's report as Ray 2.60 words it (abridged), turned into the run's line."""
+    from orchestrator.cluster import memory_killed_message
+
+    report = ("1 worker(s) were killed due to the node running low on memory. Memory on the node (IP: 10.0.0.1, "
+              "ID: ab12) was 22.41GB used / 23.54GB limit (0.952)\nOOM kill reason: Memory usage 24063819776B "
+              "exceeded threshold of 24012373196B (95.0% of 25276182528B limit)\nSelected to kill: (Actor(ff01): "
+              "job ID=01000000, task name=learner-0:Learner.train_step, required resources={}, pid=4242, actual "
+              "memory used=14.40GB, worker ID=9c)")
+    msg = memory_killed_message(report, 10, 9, tmp_path / "run")
+    assert msg.startswith("learner-0 was killed by Ray's memory monitor during step 10 (it held 14.4 GB; the node "
+                          "had 22.4 GB of its 23.5 GB in use, past Ray's kill threshold of 95%). ")
+    assert "\n" not in msg and "last checkpoint is step 9" in msg
+    assert f"`rlvr train --resume {(tmp_path / 'run').resolve()}`" in msg
+
+
+def test_rlvr_train_ends_a_lost_actor_with_its_one_line_not_a_traceback(tmp_path, monkeypatch):
+    """ActorLost out of the pipeline: `rlvr train` exits 1 with the message alone (SystemExit
+    prints it, no traceback, no chained error)."""
+    import cli.doctor
+    import orchestrator.pipeline
+    from cli.main import main
+    from orchestrator.cluster import ActorLost
+
+    def lost(*args, **kwargs):
+        try:
+            raise RuntimeError("1 worker(s) were killed due to the node running low on memory.\n...")
+        except RuntimeError as e:
+            raise ActorLost("learner-0 was killed by Ray's memory monitor during step 2 (...)") from e
+
+    monkeypatch.setattr(cli.doctor, "start_preflight", lambda cfg: lambda: None)
+    monkeypatch.setattr(orchestrator.pipeline, "run_pipeline", lost)
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", str(REPO / "configs" / "length.yaml"), f"trainer.run_dir={tmp_path / 'run'}"])
+    assert exit_.value.code == "[rlvr] learner-0 was killed by Ray's memory monitor during step 2 (...)"
+    assert exit_.value.__suppress_context__
+
+
 def test_placement_failure_names_the_head_flag_and_the_config_keys():
     from orchestrator.cluster import bundles, placement_failure
 
