@@ -18,7 +18,7 @@ other a LearnerConfig field (gradient_checkpointing=true).
 
     python -m bench.learner_rss runs/default --base main \\
         --variants "before=base;before+ckpt=base:gradient_checkpointing=true;after=this:config=configs/default.yaml" \\
-        --json docs/results/learner-memory-cpu/learner_rss_cpu.json
+        --json docs/results/learner_rss_cpu.json
 """
 from __future__ import annotations
 

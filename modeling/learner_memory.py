@@ -160,7 +160,7 @@ def release_free_heap(device: torch.device) -> None:
     glibc keeps the memory of freed tensors in its arenas -- one per allocating thread, and
     activations of a few MB each land there, not in their own mappings -- so after a long
     sequence's update the process stays at that update's peak: the learner's RSS is then the
-    largest peak so far, not this step's (docs/results/learner-memory-cpu). Called once a step.
+    largest peak so far, not this step's (python -m bench.learner_rss reads the heap). Called once a step.
     """
     if device.type != "cpu" or not sys.platform.startswith("linux"):
         return

@@ -48,7 +48,7 @@ def common_prefix_length(batch: list[TrainSample]) -> int:
 
 # What one query-key pair of attention costs, in tokens of the rest of the model (forward, recompute
 # and backward of every linear layer): measured on SmolLM2-135M under bf16 autocast on a 2-core CPU
-# (docs/results/learner-memory-cpu/README.md: 38 s of SDPA for 15.8M pairs a layer, 27 s for the rest
+# (38 s of SDPA for 15.8M pairs a layer, 27 s for the rest
 # of 9,535 tokens). It only decides which samples share a row, never what a row computes.
 PAIR_COST = 8.5e-4
 
