@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cli import best_of_n, calibrate, doctor, evaluate, harvest, model, monitor, pack, tasks, train, warm_start
+from cli import best_of_n, calibrate, compare, doctor, evaluate, harvest, model, monitor, pack, tasks, train, warm_start
 from rl.config import ConfigError
 
-SUBCOMMANDS = (train, warm_start, harvest, calibrate, model, tasks, evaluate, best_of_n, monitor, doctor, pack)
+SUBCOMMANDS = (train, warm_start, harvest, calibrate, model, tasks, evaluate, best_of_n, monitor, doctor, pack,
+               compare)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,6 +57,7 @@ from orchestrator.tracker import Tracker
 from orchestrator.weight_sync import IssuedSync, WeightSync, make_weight_sync
 from rl.advantages import group_advantages
 from rl.config import RunConfig, dump_config
+from rl.grpo import sampled_entropy
 from rl.types import TrainSample
 
 
@@ -294,7 +295,8 @@ class Trainer:
                 "policy_lag": int(ahead is not None and step not in self._on_policy),
                 **timings, **step_time_budget(fresh, timings["time_rollout_s"], timings),
                 **{k: v for k, v in memory.items() if v is not None},
-                "parity_gap": gap, "parity_gap_max": gap_max, "train_samples": len(samples), "nodes": self.nodes}
+                "parity_gap": gap, "parity_gap_max": gap_max, "train_samples": len(samples), "nodes": self.nodes,
+                "policy/entropy": sampled_entropy(samples)}
 
     def _settle_issued(self, timings: dict[str, float]) -> None:
         """Wait for the sync issued last step (if any) and keep its probe; raises ParityError."""

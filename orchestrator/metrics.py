@@ -14,7 +14,8 @@ from rl.types import EPISODE_TIME_PARTS, EpisodeRecord
 
 DASHBOARD_KEYS = ("reward_mean", "reward_std", "frac_reward_zero_std", "gen_tokens_per_s",
                   "time_rollout_s", "time_learn_s", "time_sync_s", "parity_gap",
-                  "tools/failure_frequency", "tools/unparsed_calls", "clipped_ratio", "frac_edited", "loss")
+                  "tools/failure_frequency", "tools/unparsed_calls", "clipped_ratio", "frac_edited", "loss",
+                  "policy/entropy", "learner/tis_capped_frac")
 
 
 @contextlib.contextmanager

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rl.types import TrainSample
+
 
 def sequence_weights(token_counts: list[int], mode: str, total_tokens: int, total_sequences: int) -> list[float]:
     """Per-token loss weight of each trained sequence: the batch loss is sum(weight * token loss).
@@ -106,3 +108,18 @@ def grpo_token_loss(
         kl = kl_tok.detach()
     return TokenLoss(loss=loss, clipped=clipped, ratio=ratio.detach(), kl=kl, is_weight=is_weight,
                      is_capped=is_capped)
+
+
+def sampled_entropy(samples: list[TrainSample]) -> float | None:
+    """The policy's per-token entropy, estimated from the served log-probs of the tokens it
+    sampled: E[-log p(x)] over x ~ p is the entropy, so the mean of -logprob over generated
+    tokens estimates it at no cost (exact in expectation at temperature 1; at other
+    temperatures it is the entropy of the tempered distribution the engine sampled from).
+    Grammar-sampled tokens (NaN log-probs) are left out; None when no token is left."""
+    total, n = 0.0, 0
+    for s in samples:
+        for m, lp in zip(s.loss_mask, s.logprobs):
+            if m and lp == lp:
+                total -= lp
+                n += 1
+    return total / n if n else None

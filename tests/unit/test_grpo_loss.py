@@ -181,3 +181,13 @@ def test_reward_modes():
     assert [shape_reward(r, "binary") for r in (0.0, 0.5, 0.999, 1.0)] == [0.0, 0.0, 0.0, 1.0]
     with pytest.raises(ValueError, match="unknown reward mode"):
         shape_reward(1.0, "dense")
+
+
+def test_sampled_entropy_is_the_mean_negative_logprob_of_generated_tokens_only():
+    from rl.grpo import sampled_entropy
+    from rl.types import TrainSample
+
+    a = TrainSample([1, 2, 3, 4], [0, 1, 0, 1], [0.0, -0.5, -9.0, -1.5], 1.0)   # the tool token (-9) is not the policy's
+    b = TrainSample([1, 2, 3], [0, 1, 1], [0.0, float("nan"), -1.0], -1.0)      # grammar-sampled: no served log-prob
+    assert sampled_entropy([a, b]) == pytest.approx((0.5 + 1.5 + 1.0) / 3)
+    assert sampled_entropy([TrainSample([1, 2], [0, 1], [0.0, float("nan")], 0.0)]) is None
