@@ -95,10 +95,12 @@ def final_table(run_dir: str | Path, records: list[dict], elapsed_s: float) -> s
 
 def band_change(records: list[dict], n: int = 3) -> str | None:
     """The band's mean reward (each step's fixed draws, unrescued) over the first n steps against
-    the last n, with the standard error of that difference from the steps' own spread (which
-    holds both the sampling noise and the change of task from step to step)."""
+    the last n (fewer where the run is shorter than 2n steps, at least 2), with the standard error
+    of that difference from the steps' own spread (which holds both the sampling noise and the
+    change of task from step to step)."""
     vals = [r["band/reward_mean"] for r in records if isinstance(r.get("band/reward_mean"), (int, float))]
-    if len(vals) < 2 * n:
+    n = min(n, len(vals) // 2)
+    if n < 2:
         return None
     first, last = vals[:n], vals[-n:]
     se = (statistics.variance(first) / n + statistics.variance(last) / n) ** 0.5

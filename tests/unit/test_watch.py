@@ -290,7 +290,9 @@ def test_final_table_compares_the_band_reward_of_the_first_and_last_steps(tmp_pa
     records = [{"step": i + 1, "reward_mean": b, "band/reward_mean": b} for i, b in enumerate(band)]
     table = final_table(tmp_path, records, 1.0)
     assert "first 3 steps 0.500 -> last 3 0.833 (+0.333 +- 0.167 s.e." in table
-    assert "band reward" not in final_table(tmp_path, records[:5], 1.0)   # too few steps to compare
+    short = final_table(tmp_path, records[:5], 1.0)  # 5 steps: the first 2 against the last 2
+    assert "first 2 steps 0.375 -> last 2 0.500 (+0.125 +- 0.125 s.e." in short
+    assert "band reward" not in final_table(tmp_path, records[:3], 1.0)   # too few steps to compare
 
 
 def test_held_out_points_join_the_reward_curve(tmp_path):
