@@ -19,6 +19,8 @@ setup-gpu:   # the GPU stack (requirements/gpu.lock) instead of the CPU one
 
 train: setup
 	.venv/bin/rlvr train configs/default.yaml $(ARGS)
+	@echo "the same job at the scale that can learn (one GPU, 8 tasks x 8 episodes a step, >= 100 steps):"
+	@echo "  its reward curve and held-out verdict: docs/results/pi-1gpu/README.md"
 
 test: setup
 	$(PY) -m pytest -m "not heavy" $(ARGS)
