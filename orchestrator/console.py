@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from orchestrator.metrics import DASHBOARD_KEYS, top_time_parts
+from orchestrator.metrics import DASHBOARD_KEYS, first_last_change, top_time_parts
 from orchestrator.tracker import tensorboard_dir
 
 FAILURE_TAIL_LINES = 40
@@ -99,13 +99,12 @@ def band_change(records: list[dict], n: int = 3) -> str | None:
     of that difference from the steps' own spread (which holds both the sampling noise and the
     change of task from step to step)."""
     vals = [r["band/reward_mean"] for r in records if isinstance(r.get("band/reward_mean"), (int, float))]
-    n = min(n, len(vals) // 2)
-    if n < 2:
+    change = first_last_change(vals, n)
+    if change is None:
         return None
-    first, last = vals[:n], vals[-n:]
-    se = (statistics.variance(first) / n + statistics.variance(last) / n) ** 0.5
-    return (f"first {n} steps {statistics.fmean(first):.3f} -> last {n} {statistics.fmean(last):.3f} "
-            f"({statistics.fmean(last) - statistics.fmean(first):+.3f} +- {se:.3f} s.e. from the steps' spread)")
+    n, first, last, se = change
+    return (f"first {n} steps {first:.3f} -> last {n} {last:.3f} "
+            f"({last - first:+.3f} +- {se:.3f} s.e. from the steps' spread)")
 
 
 def actor_log_tails(run_dir: str | Path, lines: int = FAILURE_TAIL_LINES) -> str:

@@ -296,7 +296,8 @@ class Trainer:
                 **timings, **step_time_budget(fresh, timings["time_rollout_s"], timings),
                 **{k: v for k, v in memory.items() if v is not None},
                 "parity_gap": gap, "parity_gap_max": gap_max, "train_samples": len(samples), "nodes": self.nodes,
-                "policy/entropy": sampled_entropy(samples)}
+                # every sampled episode, tying groups too: a step whose groups all tie still reports it
+                "policy/entropy": sampled_entropy([s for e in episodes for s in e.sequences])}
 
     def _settle_issued(self, timings: dict[str, float]) -> None:
         """Wait for the sync issued last step (if any) and keep its probe; raises ParityError."""

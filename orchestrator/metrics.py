@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,3 +94,16 @@ class MetricsLog:
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
     return read_complete(Path(run_dir) / "metrics.jsonl")
+
+
+def first_last_change(vals: list[float], n: int = 3) -> tuple[int, float, float, float] | None:
+    """A per-step series' first n against its last n (fewer where it is shorter than 2n, at least 2):
+    (n, first mean, last mean, standard error of their difference from the steps' own spread);
+    None when the series is too short to compare."""
+    n = min(n, len(vals) // 2)
+    if n < 2:
+        return None
+    first, last = vals[:n], vals[-n:]
+    se = (statistics.variance(first) / n + statistics.variance(last) / n) ** 0.5
+    return n, statistics.fmean(first), statistics.fmean(last), se
+

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.metrics import read_metrics
+from orchestrator.metrics import first_last_change, read_metrics
 
 REWARD = "band/reward_mean"
 
@@ -28,6 +28,7 @@ def run_summary(run_dir: Path, steps: list[int], n: int) -> dict:
     recs = {r["step"]: r for r in read_metrics(run_dir)}
     common = [recs[s] for s in steps]
     band = [r[REWARD] for r in common]
+    change = first_last_change(band, n)
     group = cfg["trainer"]["group_size"]
     episodes = sum(r.get("sampling/groups_sampled", 0) * group for r in common)
     seconds = sum(r.get("time_step_s", 0.0) for r in common)
@@ -35,8 +36,8 @@ def run_summary(run_dir: Path, steps: list[int], n: int) -> dict:
         "run": run_dir.name, "lr": cfg["learner"]["lr"], "steps_logged": len(recs),
         "band_reward_mean": _mean(band),
         "first_n": _mean(band[:n]), "last_n": _mean(band[-n:]),
-        "last_minus_first": (_mean(band[-n:]) - _mean(band[:n])) if len(band) >= 2 * n else None,
-        "last_minus_first_se": (_se(band[:n]) ** 2 + _se(band[-n:]) ** 2) ** 0.5 if len(band) >= 2 * n else None,
+        "last_minus_first": change[2] - change[1] if change else None,
+        "last_minus_first_se": change[3] if change else None,
         "frac_reward_zero_std": _mean([r.get("frac_reward_zero_std") for r in common]),
         "entropy_first": common[0].get("policy/entropy") if common else None,
         "entropy_last": common[-1].get("policy/entropy") if common else None,
@@ -54,7 +55,7 @@ def compare_runs(run_dirs: list[Path], n: int = 3) -> dict:
     steps = sorted(set.intersection(*logged)) if logged else []
     if not steps:
         raise ValueError(f"the runs share no logged step with a {REWARD} ({', '.join(map(str, run_dirs))})")
-    n = max(1, min(n, len(steps) // 2))
+    n = max(1, min(n, len(steps) // 2))  # first_last_change needs 2 a side; the means alone take 1
     rows = [run_summary(Path(d), steps, n) for d in run_dirs]
     base = rows[0]["band"]
     for row in rows:

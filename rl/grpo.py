@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rl.types import TrainSample
+from rl.types import TokenSequence, TrainSample
 
 
 def sequence_weights(token_counts: list[int], mode: str, total_tokens: int, total_sequences: int) -> list[float]:
@@ -110,7 +110,7 @@ def grpo_token_loss(
                      is_capped=is_capped)
 
 
-def sampled_entropy(samples: list[TrainSample]) -> float | None:
+def sampled_entropy(samples: list[TokenSequence] | list[TrainSample]) -> float | None:
     """The policy's per-token entropy, estimated from the served log-probs of the tokens it
     sampled: E[-log p(x)] over x ~ p is the entropy, so the mean of -logprob over generated
     tokens estimates it at no cost (exact in expectation at temperature 1; at other
