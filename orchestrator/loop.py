@@ -341,9 +341,10 @@ class Trainer:
         """This step's groups (dynamic sampling replaces tying ones), under a progress bar that
         starts at the episodes a killed run already finished (reused, not rolled out again)."""
         total = self.cfg.trainer.batch_size * self.cfg.trainer.group_size
-        reused = sum(len(g) for g in self.store.load_groups(step).values())
+        done = self.store.load_groups(step)
+        reused = sum(len(g) for g in done.values())
         with self.console.progress(step, max(total, reused), done=reused) as bar:
-            return collect_step(step, self.rollouts, self.store, self.cfg, on_episode_done=bar)
+            return collect_step(step, self.rollouts, self.store, self.cfg, on_episode_done=bar, done=done)
 
     def _to_samples(self, episodes: list[Episode]) -> list[TrainSample]:
         """Advantages and training samples from the kept groups' episodes (training rewards)."""

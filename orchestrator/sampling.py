@@ -96,11 +96,12 @@ class StepGroups:
 
 
 def collect_step(step: int, rollouts: Rollouts, store: EpisodeStore, cfg: RunConfig,
-                 on_episode_done=None) -> StepGroups:
+                 on_episode_done=None, done: dict[str, list[Episode]] | None = None) -> StepGroups:
     """Roll out (or reuse) the step's groups; with dynamic sampling, replace tying ones.
-    on_episode_done (a progress bar) sees every episode rolled out now as it ends."""
+    on_episode_done (a progress bar) sees every episode rolled out now as it ends; done: the
+    step's finished groups when the caller has already read them from the store."""
     ds, names = cfg.trainer.sampling.dynamic, rollouts.names
-    done = store.load_groups(step)
+    done = store.load_groups(step) if done is None else done
     reused = set(done)
     if done:
         print(f"[rlvr] step {step}: reusing {len(done)} finished group(s)", flush=True)
