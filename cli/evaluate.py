@@ -121,7 +121,7 @@ def eval_command(args) -> int:
     # heavy (ray, torch, vLLM's protocol): only the subcommand that serves a model imports them
     import ray
 
-    from orchestrator.cluster import spawn_env_actors, spawn_evaluator, start_policy
+    from orchestrator.cluster import run_evaluator, spawn_env_actors, start_policy
 
     cfg = load_config(args.config, args.overrides)
     check_policy_choice(args)
@@ -137,8 +137,7 @@ def eval_command(args) -> int:
     adapter = served_adapter(args, cfg)
     worker, base_url = start_policy(cfg, adapter)
     env_actors = spawn_env_actors(cfg, tasks=tasks, scaffold=cfg.eval.scaffold)
-    evaluator = spawn_evaluator(cfg, str(out))
-    summary = ray.get(evaluator.run.remote(tasks, base_url, cfg.eval.model_id, env_actors, worker))
+    summary = run_evaluator(cfg, str(out), tasks, base_url, cfg.eval.model_id, env_actors, worker)
     step = run_step_served(args, cfg)
     if step is not None:
         from orchestrator.plots import record_heldout_point

@@ -42,7 +42,7 @@ def harvest_command(args) -> int:
     tasks = select_tasks(cfg.task, cfg.trainer.seed, run_dir, args.side)
     import ray  # heavy: only once the config is good
 
-    from orchestrator.cluster import spawn_env_actors, spawn_evaluator, start_policy, start_recording_proxy
+    from orchestrator.cluster import run_evaluator, spawn_env_actors, start_policy, start_recording_proxy
 
     if args.base_url:
         server, base_url = start_recording_proxy(cfg, args.base_url, args.model, os.environ.get(args.api_key_env))
@@ -51,10 +51,9 @@ def harvest_command(args) -> int:
         server, base_url = start_policy(cfg)
         model_id = cfg.eval.model_id
     env_actors = spawn_env_actors(cfg, tasks=tasks)
-    harvester = spawn_evaluator(cfg, str(out), harvest=True)
     print(f"[rlvr harvest] {len(tasks)} training tasks x k={cfg.eval.k} via {cfg.scaffold.name} "
           f"against {args.base_url or cfg.model.path} -> {out}", flush=True)
-    summary = ray.get(harvester.run.remote(tasks, base_url, model_id, env_actors, server))
+    summary = run_evaluator(cfg, str(out), tasks, base_url, model_id, env_actors, server, harvest=True)
     h = summary["harvest"]
     print(f"[rlvr harvest] {h['rows']} rows from {h['tasks']} of {len(tasks)} tasks; add "
           f"warm_start.harvest_dirs=[{out}] to train on them")

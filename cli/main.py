@@ -1,15 +1,30 @@
 """`rlvr` console command: one parser, one handler per subcommand module, and the one
-place a config error becomes a clean message (exit 2) instead of a traceback."""
+place a config error (exit 2) or an interrupt (exit 130: Ctrl-C, or a batch job's time limit
+sent as SIGINT) becomes a clean message instead of a traceback."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from cli import best_of_n, calibrate, compare, doctor, evaluate, harvest, model, monitor, pack, tasks, train, warm_start
+from cli import (
+    best_of_n,
+    calibrate,
+    compare,
+    doctor,
+    evaluate,
+    harvest,
+    model,
+    monitor,
+    pack,
+    sweep,
+    tasks,
+    train,
+    warm_start,
+)
 from rl.config import ConfigError
 
 SUBCOMMANDS = (train, warm_start, harvest, calibrate, model, tasks, evaluate, best_of_n, monitor, doctor, pack,
-               compare)
+               compare, sweep)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"rlvr {args.command}: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:   # every long command records as it goes: say so, and how to go on
+        again = "rlvr train --resume RUN_DIR" if args.command == "train" else "the same command"
+        print(f"rlvr {args.command}: interrupted; the episodes and checkpoints finished so far are kept: "
+              f"{again} continues from them", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

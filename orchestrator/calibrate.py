@@ -64,7 +64,7 @@ def run_calibration(cfg: RunConfig, run_dir: str | Path, adapter: str | None = N
     """Run what is missing, write <run_dir>/band.json, return the band."""
     import ray
 
-    from orchestrator.cluster import spawn_env_actors, spawn_evaluator, start_policy
+    from orchestrator.cluster import run_evaluator, spawn_env_actors, start_policy
 
     run_dir = Path(run_dir)
     c = cfg.calibrate
@@ -77,8 +77,7 @@ def run_calibration(cfg: RunConfig, run_dir: str | Path, adapter: str | None = N
     worker, base_url = start_policy(ecfg, adapter)
     env_actors = spawn_env_actors(ecfg)
     try:
-        evaluator = spawn_evaluator(ecfg, str(out))
-        ray.get(evaluator.run.remote(tasks, base_url, ecfg.eval.model_id, env_actors, worker))
+        run_evaluator(ecfg, str(out), tasks, base_url, ecfg.eval.model_id, env_actors, worker)
     finally:
         ray.get([a.shutdown.remote() for a in env_actors])
         ray.get(worker.shutdown.remote())

@@ -45,8 +45,7 @@ def actor_env(cfg: RunConfig, threads: int, log_file: Path | None = None, log_ro
     with log_file, the actor's output is also copied there (by way of log_route's sink from
     another node)."""
     env = {"env_vars": {
-        **engine_env_vars(cfg.rollout, threads),
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        **engine_env_vars(cfg.rollout, threads),   # VLLM_ENABLE_V1_MULTIPROCESSING: rollout.engine_core
         "MKL_NUM_THREADS": str(threads),
         "TOKENIZERS_PARALLELISM": "false",
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True" if cfg.ray.expandable_segments else "",
@@ -335,6 +334,19 @@ def spawn_env_actors(cfg: RunConfig, placement: Placement | None = None, tasks: 
               .remote(cfg.env, check) for i in range(cfg.env.num_env_actors)]
     ray.get([a.open_count.remote() for a in actors])  # a node that is not ready fails here, named
     return actors
+
+
+def run_evaluator(cfg: RunConfig, out_dir: str, tasks: list, base_url: str, model_id: str, env_actors: list,
+                  worker, harvest: bool = False) -> dict:
+    """Spawn the Evaluator (or Harvester), run its episodes, return its report. However this
+    ends (done, an error, an interrupt such as a batch job's time limit), the Evaluator is
+    stopped first: env actors that shut down end the agents of the episodes still in flight,
+    and an Evaluator still running would record those as the policy's failures."""
+    evaluator = spawn_evaluator(cfg, out_dir, harvest=harvest)
+    try:
+        return ray.get(evaluator.run.remote(tasks, base_url, model_id, env_actors, worker))
+    finally:
+        ray.kill(evaluator, no_restart=True)
 
 
 def spawn_evaluator(cfg: RunConfig, out_dir: str, num_cpus: float = 0.1, harvest: bool = False):

@@ -191,3 +191,32 @@ def test_run_dir_with_another_model_must_say_what_to_serve(tmp_path, capsys):
     from cli.main import main
     code = main(["eval", "--run-dir", str(tmp_path), "--out", str(tmp_path / "e"), "model.path=/some/other/model"])
     assert code == 2 and "--adapter none" in capsys.readouterr().err
+
+
+@pytest.mark.heavy
+def test_an_interrupted_calibration_records_no_episode_the_interrupt_ended(tmp_path):
+    """A batch job's time limit sends SIGINT to the whole job: the episodes still in flight are
+    ended by the shutdown and must not be recorded as the policy's failures (they run again on
+    resume); the command says so in one line and exits 130."""
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "cli.main", "calibrate", "--run-dir", str(run), "calibrate.k=2",
+           "calibrate.max_tasks=2", "scaffold.max_episode_tokens=4096", *_eval_cmd(run)[8:]]   # the small evaluation's settings
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    first = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    deadline = time.monotonic() + 500
+    records = run / "calibration" / RECORDS_FILE
+    while time.monotonic() < deadline and first.poll() is None:
+        if records.exists() and len(load_records(records)) >= 1:
+            break
+        time.sleep(0.5)
+    assert first.poll() is None, first.stdout.read().decode()[-3000:]
+    time.sleep(3)   # the next episode is under way
+    os.killpg(first.pid, signal.SIGINT)   # as `timeout -s INT` does
+    output = first.communicate(timeout=120)[0].decode()
+    _unmount_leftovers(WORK_ROOT)
+    assert first.returncode == 130 and "rlvr calibrate: interrupted" in output, output[-3000:]
+    kept = load_records(records)
+    assert 1 <= len(kept) < 4, "the interrupt must land mid-way"
+    ended = [r for r in kept if r.get("error") and "exited -" in r["error"]]
+    assert not ended, f"episodes ended by the interrupt were recorded: {ended}"

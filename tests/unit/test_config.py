@@ -216,3 +216,34 @@ def test_resume_keeps_its_overrides(tmp_path):
     assert run_dir == run and cfg.learner.gradient_checkpointing is False and cfg.trainer.steps == 3
     with pytest.raises(SystemExit, match="uses the run's own config.yaml"):
         run_config(parser.parse_args(["train", "--resume", str(run), "configs/default.yaml"]))
+
+
+@pytest.mark.parametrize("argv,module,attr,again", [
+    (["calibrate"], "cli.calibrate", "main", "the same command"),
+    (["train"], "cli.train", "train", "rlvr train --resume RUN_DIR"),
+])
+def test_an_interrupt_ends_with_one_line_saying_what_is_kept(argv, module, attr, again, monkeypatch, capsys):
+    """A batch job's time limit arrives as SIGINT: one line, exit 130, no traceback."""
+    import importlib
+
+    from cli.main import main
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(importlib.import_module(module), attr, interrupted)
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "interrupted" in err and again in err and "Traceback" not in err
+
+
+def test_the_engine_core_runs_where_the_config_says_in_every_actor():
+    """rollout.engine_core reaches vLLM in the rollout actor's environment (an in-process core
+    shares the policy server's GIL; its own process does not)."""
+    from actors.engine import engine_env_vars
+    from orchestrator.cluster import actor_env
+
+    for where, flag in (("in_process", "0"), ("own_process", "1")):
+        cfg = load_config("configs/pi_1gpu.yaml", [f"rollout.engine_core={where}"])
+        assert engine_env_vars(cfg.rollout, 1)["VLLM_ENABLE_V1_MULTIPROCESSING"] == flag
+        assert actor_env(cfg, 2)["env_vars"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == flag
+    assert load_config("configs/default.yaml").rollout.engine_core == "in_process"
