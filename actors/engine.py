@@ -39,11 +39,9 @@ def configure_engine_env(rollout: RolloutConfig) -> None:
 
 def engine_env_vars(rollout: RolloutConfig, threads: int) -> dict[str, str]:
     """vLLM's CPU knobs and the thread count, for this process or an actor's runtime env."""
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(rollout.cpu_kvcache_gib), "OMP_NUM_THREADS": str(threads)}
-    if rollout.num_gpus == 0:
-        # In-process engine core: no second process competing for the CPU cores.
-        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    else:
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(rollout.cpu_kvcache_gib), "OMP_NUM_THREADS": str(threads),
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if rollout.engine_core == "own_process" else "0"}
+    if rollout.num_gpus > 0:
         # CUDA graphs compile once per model shape (minutes for a 4B hybrid): keep the result for the next start
         env["VLLM_CACHE_ROOT"] = os.environ.get("VLLM_CACHE_ROOT") or str(vllm_cache_dir())
     return env

@@ -31,7 +31,7 @@ __all__ = ["CodingEnv", "PI_TOOLS", "ToolResult", "RewardResult", "INSIDE_REPO",
 def limits_from(env_cfg) -> Limits:
     return Limits(cpu_s=int(max(env_cfg.command_timeout_s, env_cfg.verify_timeout_s)) + 5,
                   memory_mib=env_cfg.memory_mib, max_processes=env_cfg.max_processes,
-                  max_file_mib=env_cfg.max_file_mib)
+                  max_file_mib=env_cfg.max_file_mib, nice=env_cfg.nice)
 
 
 def pristine_for(task: Task) -> Path:

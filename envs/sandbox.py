@@ -72,6 +72,8 @@ class Limits:
     max_file_mib: int = 64          # RLIMIT_FSIZE
     tmp_mib: int = 256              # size of a private tmpfs /tmp when no tmp_dir is bound
     max_output_bytes: int = 64 * _MIB  # a command printing more than this is killed
+    nice: int = 0                   # niceness of everything inside (agent, commands, tests): an engine
+                                    # on the same host keeps its cores (bench/host_contention.py)
 
 
 @dataclass
@@ -126,7 +128,8 @@ class Sandbox:
         lim = self.limits
         mem = lim.memory_mib if memory_mib is None else memory_mib
         cpu = lim.cpu_s if cpu_s is None else cpu_s
-        head = ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
+        head = ["nice", "-n", str(lim.nice)] if lim.nice else []   # inherited; unprivileged, it can only rise
+        head += ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
                 "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
                 "prlimit", f"--cpu={cpu}:{cpu + 1}", f"--nproc={lim.max_processes}",
                 f"--fsize={lim.max_file_mib * _MIB}", "--core=0", "--nofile=1024"]

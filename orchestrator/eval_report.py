@@ -10,6 +10,7 @@ import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from orchestrator.metrics import episode_rates
 from rl.jsonl import append_durable, read_complete
 from rl.passk import pass_at_k
 from rl.types import LEVELS
@@ -119,6 +120,7 @@ def summarize(records: list[dict]) -> dict:
                           "tasks_passed_at_n": sum(t["passes"] > 0 for t in ts)}
                      for lv, ts in sorted(_by_level(tasks).items())},
         "mean_seconds": mean([float(r.get("seconds", 0)) for r in records]),
+        **{k.split("/")[1]: v for k, v in episode_rates(records).items()},
         "stop_reasons": dict(Counter(str(r.get("stop_reason")) for r in records)),
         "per_task": tasks,
     }
@@ -136,7 +138,9 @@ def render_markdown(summary: dict, title: str = "Evaluation") -> str:
              f"{s['mean_tool_calls']:.1f} · tool failure rate: {s['tool_failure_rate']:.2f} · "
              f"edits applied: {'-' if s['edit_success_rate'] is None else format(s['edit_success_rate'], '.2f')} "
              f"of {s['edit_calls']} · "
-             f"seconds/episode: {s['mean_seconds']:.1f}", "",
+             f"seconds/episode: {s['mean_seconds']:.1f}"
+             + (f" · decode {s['seq_decode_tok_s']:.0f} tok/s a sequence" if "seq_decode_tok_s" in s else "")
+             + (f" · host load {s['host_load_per_core']:.2f} per core" if "host_load_per_core" in s else ""), "",
              "stop reasons: " + ", ".join(f"{k}={v}" for k, v in sorted(s["stop_reasons"].items())), "",
              "| level | tasks | pass@1 | pass@k (k = samples) | tasks with a pass |", "|---|---|---|---|---|",
              *[f"| {lv} | {b['tasks']} | {b['pass_at_k'].get(1, 0):.3f} | "

@@ -30,6 +30,20 @@ def timed(name: str, timings: dict[str, float]) -> Iterator[None]:
         timings[key] = timings.get(key, 0.0) + time.time() - t0
 
 
+def episode_rates(rows: list[dict]) -> dict[str, float]:
+    """How fast episodes ran, from their records (dicts): each sequence's decode rate (generated
+    tokens per second of the engine's decode time: low while the card idles means the engine's
+    host loop is starved or over-batched) and the host's load per core at the episodes' ends."""
+    out: dict[str, float] = {}
+    decode = sum((r.get("time_budget") or {}).get("decode", 0.0) for r in rows)
+    if decode > 0:
+        out["rollout/seq_decode_tok_s"] = sum(r.get("tokens") or 0 for r in rows) / decode
+    loads = [r["host_load"] for r in rows if r.get("host_load") is not None]
+    if loads:
+        out["rollout/host_load_per_core"] = sum(loads) / len(loads)
+    return out
+
+
 def step_time_budget(records: list[EpisodeRecord], rollout_s: float, phases: dict[str, float]) -> dict[str, float]:
     """Where a step's wall time went, as `time/<part>_s` keys that add up to the step.
 
@@ -49,6 +63,7 @@ def step_time_budget(records: list[EpisodeRecord], rollout_s: float, phases: dic
         out["rollout/episodes_in_flight"] = sum(r.seconds or 0.0 for r in records) / max(rollout_s, 1e-9)
     else:  # single-turn rollouts keep no per-episode budget: the rollout is one part
         out["time/rollout_s"] = rollout_s
+    out.update(episode_rates([vars(r) for r in records]))
     prompt = sum(r.prompt_tokens or 0 for r in records)
     if prompt:
         out["rollout/prefix_cache_hit_rate"] = sum(r.cached_tokens or 0 for r in records) / prompt

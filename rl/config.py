@@ -71,6 +71,11 @@ class RolloutConfig(Section):
     seed: int = Field(0, description="engine RNG seed; a client's per-request seed is ignored")
     max_num_seqs: int = Field(16, ge=1, description="sequences the engine batches at once")
     enable_prefix_caching: bool = True
+    engine_core: Literal["in_process", "own_process"] = Field(
+        "in_process", description="where vLLM's engine core runs: in the rollout worker's process (beside "
+                                  "the policy server's threads, one GIL for both), or in a process of its "
+                                  "own stepping while the server renders and streams (vLLM's default); "
+                                  "bench/host_contention.py --engine-core compares them")
     server_host: str = Field("auto", description="policy server bind address; auto: loopback, or the "
                                                  "node's own address when the run spans nodes")
     server_port: int = Field(0, ge=0, le=65535, description="0 = any free port")
@@ -216,6 +221,9 @@ class EnvConfig(Section):
     max_processes: int = Field(64, ge=4)
     max_file_mib: int = Field(64, ge=1)
     max_output_chars: int = Field(50_000, ge=100)
+    nice: int = Field(0, ge=0, le=19, description="niceness of every sandboxed process (the agent, its "
+                      "commands, the tests): on a host whose cores the engine shares, a step's test "
+                      "runs then wait for the engine instead of slowing its decode")
     disk_mib: int = Field(512, ge=16, description="size-limited tmpfs per checkout (its disk quota)")
     test_timeout_s: float = Field(10.0, gt=0, description="per-test timeout while verifying")
     sandbox_uid_base: int = Field(61000, ge=1000, description="episode slot i runs as uid base+i")

@@ -133,6 +133,8 @@ class EpisodeRecord:
     events: str | None = None            # pi's event log, when one was kept
     prefix_calls: int | None = None      # a rescued episode: its first calls came from a demonstration
     prefix_source: str | None = None     # ...which one (task id, variant, seed)
+    host_load: float | None = None       # the episode host's 1-minute load average per core at its end:
+                                         # above 1, runnable processes wait for a core (the engine's too)
 
     @classmethod
     def from_dict(cls, data: dict) -> "EpisodeRecord":

@@ -12,6 +12,7 @@ Example:
 """
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -125,7 +126,8 @@ def run_episode(env_actor, worker, task: Task, episode_id: str, base_url: str, s
         seconds=outcome.seconds, reward_seconds=reward.seconds, time_budget=budget,
         prompt_tokens=sum(len(c.prompt_token_ids) for c in calls), cached_tokens=sum(c.cached_tokens for c in calls),
         events=str(events_path) if events_path is not None and events_path.exists() else None,
-        prefix_calls=len(prefix.messages) if prefix else None, prefix_source=prefix.source if prefix else None)
+        prefix_calls=len(prefix.messages) if prefix else None, prefix_source=prefix.source if prefix else None,
+        host_load=os.getloadavg()[0] / (os.cpu_count() or 1))
     return EpisodeRun(record, asm.samples)
 
 

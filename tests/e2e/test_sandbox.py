@@ -201,3 +201,12 @@ def test_clear_error_when_host_cannot_sandbox(monkeypatch):
     monkeypatch.setattr(sbx.shutil, "which", lambda name: None if name == "bwrap" else real_which(name))
     with pytest.raises(sbx.SandboxUnavailable, match="bwrap not found; install bubblewrap"):
         Sandbox(Path("/tmp"), uid=UID)
+
+
+def test_a_niced_sandbox_runs_everything_at_that_priority_and_cannot_raise_it(box):
+    """env.nice: the agent's commands and the tests yield the cores to an engine on the host."""
+    box.limits = Limits(cpu_s=20, memory_mib=512, max_processes=32, max_file_mib=8, nice=7)
+    res = box.run("nice; bash -c nice; nice -n -5 nice", 10)   # GNU nice warns, then runs it unchanged
+    lines = res.output.splitlines()
+    assert [lines[0], lines[1], lines[-1]] == ["7", "7", "7"] and "Permission denied" in res.output, res.output
+    assert Sandbox(box.workdir, uid=UID, limits=Limits()).argv()[0][0] == "setpriv"   # 0: no nice at all
