@@ -22,7 +22,6 @@ batch limits).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import multiprocessing as mp
 import os
@@ -43,30 +42,6 @@ def _burn(nice: int) -> None:
     x = 0
     while True:   # pure CPU, like a test run or a compiler: no sleeps
         x = (x * 1103515245 + 12345) % 2**31
-
-
-def _client_requests(base: str, convs: list[list[dict]], max_tokens: int, tag: str) -> None:
-    from openai import AsyncOpenAI
-
-    async def one(i: int, messages: list[dict]) -> None:
-        client = AsyncOpenAI(base_url=f"{base}/episodes/hc-{tag}-{i}/v1", api_key="unused", max_retries=0)
-        stream = await client.chat.completions.create(
-            model="policy", messages=messages, max_tokens=max_tokens, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
-        async for _ in stream:
-            pass
-        await client.close()
-
-    async def all_of() -> None:
-        await asyncio.gather(*(one(i, m) for i, m in enumerate(convs)))
-    asyncio.run(all_of())
-
-
-def _client_process(conn) -> None:
-    """The requests come from another process, as pi's do."""
-    while (job := conn.recv()) is not None:
-        _client_requests(*job)
-        conn.send("done")
 
 
 def conversations(tokenizer, n: int, prefix_tokens: int) -> list[list[dict]]:
@@ -98,7 +73,7 @@ def one_side(worker, client, base: str, convs, max_tokens: int, tag: str, burn: 
             p.kill()
         for p in burners:
             p.join()
-    calls = [c for i in range(len(convs)) for c in worker.take_episode_calls(f"hc-{tag}-{i}")]
+    calls = [c for i in range(len(convs)) for c in worker.take_episode_calls(f"bench-{tag}-{i}")]
     tokens = sum(len(c.completion_token_ids) for c in calls)
     decode = sum(c.decode_s for c in calls)
     return {"tokens": tokens, "wall_s": wall, "decode_s": decode, "prefill_s": sum(c.prefill_s for c in calls),
@@ -134,6 +109,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from actors.rollout_worker import RolloutWorker
+    from bench.rollout import _client_process  # the requests come from another process, as pi's do
     from modeling.default_model import resolve_model_path
     from rl.config import load_config
 
